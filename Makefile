@@ -1,0 +1,27 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+
+.PHONY: setup demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	# the CPU build of torch first (on local disk); a plain `torch` would pull a multi-GB CUDA build
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(PY) -m shardwise train
+
+test: setup
+	$(PY) -m pytest -q -x --timeout=600 tests
+
+bench: setup
+	$(PY) -m shardwise bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info
