@@ -1,0 +1,23 @@
+"""The distributed tensor core: ``DTensor`` over a ``DeviceMesh`` with frozen placements.
+
+Names mirror ``torch.distributed.tensor`` so code ports by changing the import.
+
+>>> from shardwise.tensor import distribute_tensor, init_device_mesh, Shard   # doctest: +SKIP
+>>> mesh = init_device_mesh("cpu", (2,))                                      # doctest: +SKIP
+>>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])                 # doctest: +SKIP
+"""
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from . import ops as _ops  # noqa: F401  (registers the sharding rules)
+from .collectives import CollectiveCounter
+from .dtensor import DTensor, distribute_tensor, propagation_cache, set_fallback
+from .placements import MaskPartial, Partial, Placement, Replicate, Shard
+from .redistribute import plan_redistribute
+from .spec import DTensorSpec
+
+__all__ = [
+    "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "Placement", "Shard",
+    "Replicate", "Partial", "MaskPartial", "plan_redistribute", "CollectiveCounter", "propagation_cache",
+    "set_fallback",
+]

@@ -1,0 +1,127 @@
+"""Collectives on one mesh dimension, over torch's functional collectives (traceable graph ops).
+
+Every function takes the local tensor and (mesh, mesh_dim) and handles uneven ``torch.chunk`` shards
+by padding to a full chunk before the collective and trimming after it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.device_mesh import DeviceMesh
+
+from .spec import chunk_range
+
+__all__ = ["all_reduce", "all_gather_dim", "reduce_scatter_dim", "all_to_all_dims", "CollectiveCounter"]
+
+
+class CollectiveCounter:
+    """Counts collectives issued through this module (a test and benchmark aid).
+
+    >>> with CollectiveCounter() as c:  # doctest: +SKIP
+    ...     y = x.redistribute(mesh, [Replicate()])
+    >>> c.counts  # doctest: +SKIP
+    {'all_gather': 1}
+    """
+
+    _active: list["CollectiveCounter"] = []
+
+    def __init__(self):
+        self.counts: dict[str, int] = {}
+
+    def __enter__(self):
+        CollectiveCounter._active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        CollectiveCounter._active.remove(self)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    @staticmethod
+    def record(kind: str) -> None:
+        for c in CollectiveCounter._active:
+            c.counts[kind] = c.counts.get(kind, 0) + 1
+
+
+def _group(mesh: DeviceMesh, mesh_dim: int):
+    return mesh.get_group(mesh_dim)
+
+
+def _pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
+    if x.shape[dim] == size:
+        return x
+    pad_shape = list(x.shape)
+    pad_shape[dim] = size - x.shape[dim]
+    return torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
+
+
+def all_reduce(x: torch.Tensor, reduce_op: str, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    CollectiveCounter.record("all_reduce")
+    # gloo has no AVG: reduce with SUM and scale
+    op = "sum" if reduce_op == "avg" else reduce_op
+    out = funcol.wait_tensor(funcol.all_reduce(x.contiguous(), op, _group(mesh, mesh_dim)))
+    if reduce_op == "avg":
+        out = out / mesh.size(mesh_dim)
+    return out
+
+
+def all_gather_dim(x: torch.Tensor, dim: int, full: int, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
+    """Gather chunks of a dimension of global size ``full`` (each rank holds its torch.chunk piece)."""
+    CollectiveCounter.record("all_gather")
+    n = mesh.size(mesh_dim)
+    chunk = -(-full // n) if full else 0
+    padded = _pad_dim(x, dim, chunk).contiguous()
+    out = funcol.wait_tensor(funcol.all_gather_single(padded, 0, _group(mesh, mesh_dim)))
+    if dim != 0:
+        out = torch.cat(torch.chunk(out, n, dim=0), dim=dim)
+    return out.narrow(dim, 0, full) if chunk * n != full else out
+
+
+def reduce_scatter_dim(
+    x: torch.Tensor, reduce_op: str, dim: int, mesh: DeviceMesh, mesh_dim: int, coord: int
+) -> torch.Tensor:
+    """Reduce partial values and keep this rank's torch.chunk piece of ``dim``."""
+    n = mesh.size(mesh_dim)
+    full = x.shape[dim]
+    start, length = chunk_range(full, n, coord)
+    if reduce_op in ("max", "min"):
+        return all_reduce(x, reduce_op, mesh, mesh_dim).narrow(dim, start, length)
+    CollectiveCounter.record("reduce_scatter")
+    chunk = -(-full // n)
+    if chunk == 0:
+        return x
+    padded = _pad_dim(x, dim, chunk * n)
+    if dim != 0:
+        # stack the n chunks of `dim` along dim 0 so the collective scatters them in rank order
+        padded = torch.cat(torch.chunk(padded, n, dim=dim), dim=0)
+    out = funcol.wait_tensor(funcol.reduce_scatter_single(padded.contiguous(), "sum", 0, _group(mesh, mesh_dim)))
+    if reduce_op == "avg":
+        out = out / n
+    return out.narrow(dim, 0, length) if length != chunk else out
+
+
+def all_to_all_dims(
+    x: torch.Tensor, src_dim: int, dst_dim: int, src_full: int, mesh: DeviceMesh, mesh_dim: int, coord: int
+) -> torch.Tensor:
+    """Shard(src_dim) -> Shard(dst_dim): gather ``src_dim`` (global size ``src_full``) while splitting
+    ``dst_dim``, in one all-to-all."""
+    CollectiveCounter.record("all_to_all")
+    n = mesh.size(mesh_dim)
+    src_chunk = -(-src_full // n) if src_full else 0
+    dst_full = x.shape[dst_dim]
+    dst_chunk = -(-dst_full // n) if dst_full else 0
+    if dst_chunk == 0 or src_full == 0:
+        shape = list(x.shape)
+        shape[src_dim] = src_full
+        return x.new_empty(shape)
+    x = _pad_dim(_pad_dim(x, src_dim, src_chunk), dst_dim, dst_chunk * n)
+    pieces = torch.stack(torch.chunk(x, n, dim=dst_dim), dim=0).contiguous()
+    split = [pieces.shape[0] // n] * n
+    out = funcol.wait_tensor(funcol.all_to_all_single(pieces, split, split, _group(mesh, mesh_dim)))
+    # out[k] is rank k's src chunk of my dst piece; concatenating along src_dim rebuilds that dim
+    out = torch.cat(out.unbind(0), dim=src_dim).narrow(src_dim, 0, src_full)
+    _, length = chunk_range(dst_full, n, coord)
+    return out.narrow(dst_dim, 0, length) if length != out.shape[dst_dim] else out

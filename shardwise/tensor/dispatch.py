@@ -1,0 +1,272 @@
+"""How an aten op on DTensors runs: key -> cached OpPlan -> redistribute inputs -> local op -> wrap.
+
+The cache key is built from small hashable values only: the op, each DTensor's spec, each plain
+tensor's shape/dtype, and the non-tensor arguments (for pointwise/foreach ops only their types, so
+changing scalars such as learning rates reuse one plan). A hit costs one dict lookup plus the local op.
+The cache is bounded (oldest entries evicted first).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Optional
+
+import torch
+
+from .placements import Replicate
+from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
+from .propagation.registry import RuleEntry, lookup_rule
+from .propagation.schema import LocalPlan, OpSchema, TensorArg
+from .redistribute import execute_plan, plan_redistribute
+from .spec import DTensorSpec, mesh_coord, normalize_placements
+
+__all__ = ["OpDispatcher", "PropagationCache"]
+
+_SCALARS = (int, float, bool, complex)
+
+
+class PropagationCache:
+    """Bounded map key -> OpPlan with hit/miss counters (tests count hits)."""
+
+    def __init__(self, max_size: int = 8192):
+        self.max_size = max_size
+        self.plans: dict = {}
+        self.hits = 0
+        self.misses = 0
+
+    def clear(self) -> None:
+        self.plans.clear()
+        self.hits = self.misses = 0
+
+    def put(self, key, plan) -> None:
+        if len(self.plans) >= self.max_size:
+            self.plans.pop(next(iter(self.plans)))
+        self.plans[key] = plan
+
+
+class OpPlan:
+    """Everything needed to run one keyed op call on this rank."""
+
+    __slots__ = ("redist", "out_specs", "out_kind", "local", "decision")
+
+    def __init__(self, redist, out_specs, out_kind, local: Optional[LocalPlan], decision):
+        self.redist = redist  # list of (arg index, sub index or -1, steps, src spec)
+        self.out_specs = out_specs
+        self.out_kind = out_kind  # "tensor" | "seq" | "inplace" | "raw"
+        self.local = local
+        self.decision = decision
+
+
+class OpDispatcher:
+    """Runs aten ops whose arguments include instances of ``cls`` (the DTensor class)."""
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.cache = PropagationCache()
+        self.fallback_to_replicate = False
+        self._warned: set = set()
+
+    # -- hot path -------------------------------------------------------------------------------
+    def __call__(self, op, args, kwargs):
+        cls = self.cls
+        entry = lookup_rule(op)
+        insensitive = entry is not None and entry.scalar_insensitive
+        key = [op]
+        local_args = list(args)
+        for i, a in enumerate(args):
+            if isinstance(a, cls):
+                key.append(a._spec)
+                local_args[i] = a._local_tensor
+            elif isinstance(a, torch.Tensor):
+                key.append((a.shape, a.dtype))
+            elif type(a) is list or type(a) is tuple:
+                if a and isinstance(a[0], torch.Tensor):
+                    key.append(tuple(x._spec if isinstance(x, cls) else (x.shape, x.dtype) for x in a))
+                    local_args[i] = [x._local_tensor if isinstance(x, cls) else x for x in a]
+                elif insensitive and a and type(a[0]) in _SCALARS:
+                    key.append(type(a[0]))
+                else:
+                    key.append(tuple(a))
+            elif insensitive and type(a) in _SCALARS:
+                key.append(type(a))
+            else:
+                key.append(a)
+        if kwargs:
+            for k, v in kwargs.items():
+                key.append(k)
+                key.append(type(v) if insensitive and type(v) in _SCALARS else (tuple(v) if type(v) is list else v))
+        key = tuple(key)
+        plan = self.cache.plans.get(key)
+        if plan is None:
+            self.cache.misses += 1
+            plan = self._plan(op, args, kwargs or {}, entry)
+            self.cache.put(key, plan)
+        else:
+            self.cache.hits += 1
+        return self._run(plan, op, args, local_args, kwargs or {})
+
+    def _run(self, plan: OpPlan, op, args, local_args, kwargs):
+        for i, j, steps, spec, coord in plan.redist:
+            if j < 0:
+                local_args[i] = execute_plan(local_args[i], steps, spec.mesh, spec.shape, spec.placements, coord)
+            else:
+                local_args[i][j] = execute_plan(local_args[i][j], steps, spec.mesh, spec.shape, spec.placements, coord)
+        local = plan.local
+        if local is not None:
+            for i, v in local.arg_subs.items():
+                local_args[i] = v
+            if local.kwarg_subs:
+                kwargs = {**kwargs, **local.kwarg_subs}
+            out = local.kernel(op, local_args, kwargs) if local.kernel else op(*local_args, **kwargs)
+        else:
+            out = op(*local_args, **kwargs)
+        kind = plan.out_kind
+        cls = self.cls
+        if kind == "tensor":
+            return cls._wrap(out, plan.out_specs[0])
+        if kind == "inplace":
+            return args[0]
+        if kind == "seq":
+            if out is None:
+                return None
+            wrapped = [o if s is None else cls._wrap(o, s) for o, s in zip(out, plan.out_specs)]
+            return tuple(wrapped) if isinstance(out, tuple) else wrapped
+        return out
+
+    # -- cache miss: build a plan ---------------------------------------------------------------
+    def _plan(self, op, args, kwargs, entry) -> OpPlan:
+        schema, mesh = self._schema(op, args, kwargs)
+        inplace = op_mutates_first_arg(op)
+        if entry is None:
+            entry = self._fallback_entry(op, schema, mesh)
+        decision = choose_layout(schema, entry, tuple(mesh.shape), inplace)
+        coord = mesh_coord(mesh)
+        redist = []
+        for ta, req in zip(schema.tensor_args, decision.inputs):
+            if req is None:
+                continue
+            steps = plan_redistribute(ta.placements, req, tuple(mesh.shape), len(ta.shape))
+            if steps:
+                i, j = self._path(args, ta.index)
+                spec = (args[i] if j < 0 else args[i][j])._spec
+                redist.append((i, j, steps, spec, coord))
+        out_specs = []
+        for meta, pl in zip(schema.outputs, decision.outputs):
+            if meta is None or pl is None:
+                out_specs.append(None)
+            else:
+                pl = normalize_placements(pl, mesh.ndim, meta.ndim)
+                out_specs.append(DTensorSpec(mesh, pl, meta.shape, meta.stride(), meta.dtype))
+        local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
+        return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision)
+
+    def _out_kind(self, op, schema: OpSchema, inplace: bool) -> str:
+        if inplace and schema.outputs and schema.outputs[0] is not None and len(op._schema.returns) == 1:
+            return "inplace"
+        rets = op._schema.returns
+        if len(rets) == 1 and str(rets[0].type) == "Tensor":
+            return "tensor"
+        if not rets or not any("Tensor" in str(r.type) for r in rets):
+            return "raw"
+        return "seq"
+
+    def _schema(self, op, args, kwargs):
+        cls = self.cls
+        tensor_args: list[TensorArg] = []
+        meshes = []
+
+        def conv(x):
+            if isinstance(x, cls):
+                ta = TensorArg(len(tensor_args), x._spec.shape, x._spec.dtype, x._spec.placements)
+                meshes.append(x._spec.mesh)
+            else:
+                ta = TensorArg(len(tensor_args), x.shape, x.dtype, None)
+            tensor_args.append(ta)
+            return ta
+
+        sargs = tuple(
+            conv(a) if isinstance(a, torch.Tensor)
+            else [conv(x) if isinstance(x, torch.Tensor) else x for x in a] if isinstance(a, (list, tuple)) else a
+            for a in args
+        )
+        skw = {k: conv(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+        mesh = meshes[0]
+        for m in meshes[1:]:
+            if m is not mesh and m != mesh:
+                raise ValueError(
+                    f"{op}: DTensors on different meshes ({mesh} and {m}) in one op; redistribute them onto "
+                    "one DeviceMesh first"
+                )
+        for ta in tensor_args:
+            if ta.placements is None and ta.ndim > 0:
+                raise TypeError(
+                    f"{op}: a plain torch.Tensor of shape {tuple(ta.shape)} is mixed with DTensors; only 0-d "
+                    "tensors are implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) "
+                    "or DTensor.from_local(t, mesh, placements)"
+                )
+        outputs = _meta_outputs(op, args, kwargs, cls)
+        return OpSchema(op, sargs, skw, tensor_args, outputs, tuple(mesh.shape)), mesh
+
+    def _fallback_entry(self, op, schema: OpSchema, mesh) -> RuleEntry:
+        placements = {ta.index: [str(p) for p in ta.placements] for ta in schema.tensor_args if ta.placements}
+        if not self.fallback_to_replicate:
+            raise NotImplementedError(
+                f"{op}: no sharding strategy is registered (input placements {placements}); redistribute the "
+                "inputs to Replicate() and call it on .to_local(), or enable shardwise.tensor.set_fallback(True)"
+            )
+        if op not in self._warned:
+            self._warned.add(op)
+            warnings.warn(f"{op}: no sharding strategy; gathering its inputs to Replicate (slow)", stacklevel=5)
+        full = tuple(Replicate() for _ in mesh.shape)
+        decision = Decision(
+            [None if ta.placements is None or ta.placements == full else full for ta in schema.tensor_args],
+            [None if o is None else full for o in schema.outputs],
+        )
+        return RuleEntry(lambda s, m: decision, whole_mesh=True)
+
+    @staticmethod
+    def _path(args, index: int) -> tuple[int, int]:
+        """(arg index, sub index or -1) of the ``index``-th tensor leaf (same order as _schema)."""
+        n = 0
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if n == index:
+                    return i, -1
+                n += 1
+            elif isinstance(a, (list, tuple)):
+                for j, x in enumerate(a):
+                    if isinstance(x, torch.Tensor):
+                        if n == index:
+                            return i, j
+                        n += 1
+        raise AssertionError(f"tensor leaf {index} not found (tensor kwargs are not redistributed)")
+
+
+def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
+    """Run the op on meta tensors with the global shapes; returns the flat list of outputs."""
+
+    if not any("Tensor" in str(r.type) for r in op._schema.returns):
+        return [None] * len(op._schema.returns)
+
+    def to_meta(x):
+        if isinstance(x, cls):
+            s = x._spec
+            return torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta")
+        if isinstance(x, torch.Tensor):
+            return x.to("meta")
+        if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
+            return [to_meta(y) for y in x]
+        return x
+
+    margs = [to_meta(a) for a in args]
+    mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
+    if "device" in mkwargs:
+        mkwargs["device"] = torch.device("meta")
+    out = op(*margs, **mkwargs)
+    if op_mutates_first_arg(op) and len(op._schema.returns) <= 1:
+        out = margs[0] if not isinstance(margs[0], list) else margs[0]
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, (list, tuple)):
+        return [o if isinstance(o, torch.Tensor) else None for o in out]
+    return []

@@ -1,0 +1,289 @@
+"""DTensor: a torch.Tensor subclass whose data is laid out over a DeviceMesh.
+
+>>> mesh = init_device_mesh("cpu", (2,))                       # doctest: +SKIP
+>>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # each rank holds 4 rows
+>>> (w * 2).sum().full_tensor()                                  # ordinary torch code runs
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from .dispatch import OpDispatcher
+from .placements import Partial, Placement, Replicate, Shard
+from .redistribute import redistribute_local
+from .spec import DTensorSpec, chunk_range, local_shape_and_offset, mesh_coord, normalize_placements
+
+__all__ = ["DTensor", "distribute_tensor", "set_fallback", "propagation_cache"]
+
+
+def _grad_placements(placements) -> tuple:
+    # a gradient flowing back to a Partial source is the same for every rank: keep it replicated
+    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+
+
+class _FromLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, local, spec):
+        ctx.spec = spec
+        return DTensor._wrap(local.view_as(local), spec)
+
+    @staticmethod
+    def backward(ctx, grad):
+        spec = ctx.spec
+        if not isinstance(grad, DTensor):
+            return grad, None
+        target = tuple(spec.placements)
+        if grad._spec.placements != target:
+            grad = grad.redistribute(spec.mesh, _grad_placements(target))
+        return grad._local_tensor, None
+
+
+class _ToLocal(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, grad_placements):
+        ctx.spec = x._spec
+        ctx.grad_placements = grad_placements
+        return x._local_tensor.view_as(x._local_tensor)
+
+    @staticmethod
+    def backward(ctx, grad):
+        spec = ctx.spec
+        placements = spec.placements if ctx.grad_placements is None else ctx.grad_placements
+        gspec = DTensorSpec(spec.mesh, placements, spec.shape, spec.stride, grad.dtype)
+        return DTensor._wrap(grad, gspec), None
+
+
+class _Redistribute(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, placements):
+        src = x._spec
+        ctx.src = src
+        local = redistribute_local(x._local_tensor, src, placements, mesh_coord(src.mesh))
+        return DTensor._wrap(local, src.with_placements(placements))
+
+    @staticmethod
+    def backward(ctx, grad):
+        src = ctx.src
+        target = _grad_placements(src.placements)
+        if grad._spec.placements == target:
+            return grad, None
+        local = redistribute_local(grad._local_tensor, grad._spec, target, mesh_coord(src.mesh))
+        return DTensor._wrap(local, grad._spec.with_placements(target)), None
+
+
+class DTensor(torch.Tensor):
+    """A global tensor whose local pieces live on the ranks of a DeviceMesh.
+
+    Public API mirrors ``torch.distributed.tensor.DTensor``: ``from_local``, ``to_local``,
+    ``redistribute``, ``full_tensor``, ``placements``, ``device_mesh``. Ordinary torch ops run on it
+    with the collectives their sharding needs; autograd and ``torch.optim`` work.
+
+    >>> x = DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)])  # doctest: +SKIP
+    >>> x.shape                                                       # doctest: +SKIP
+    torch.Size([4, 3])
+    """
+
+    _local_tensor: torch.Tensor
+    _spec: DTensorSpec
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool = False):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, spec.shape, strides=spec.stride, dtype=spec.dtype, device=local_tensor.device,
+            requires_grad=requires_grad,
+        )
+        r._local_tensor = local_tensor
+        r._spec = spec
+        return r
+
+    @classmethod
+    def _wrap(cls, local: torch.Tensor, spec: DTensorSpec) -> "DTensor":
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, spec.shape, strides=spec.stride, dtype=spec.dtype, device=local.device, requires_grad=False
+        )
+        r._local_tensor = local
+        r._spec = spec
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return _DISPATCHER(func, args, kwargs)
+
+    def __repr__(self) -> str:
+        pl = ", ".join(str(p) for p in self._spec.placements)
+        return f"DTensor(local={self._local_tensor!r}, placements=({pl}), shape={tuple(self.shape)})"
+
+    # torch.compile / make_fx support: the subclass is a (local tensor, spec) pair
+    def __tensor_flatten__(self):
+        return ["_local_tensor"], (self._spec, self.requires_grad)
+
+    @staticmethod
+    def __tensor_unflatten__(inner, meta, outer_size, outer_stride):
+        spec, requires_grad = meta
+        spec = DTensorSpec(spec.mesh, spec.placements, outer_size, outer_stride, spec.dtype)
+        return DTensor(inner["_local_tensor"], spec, requires_grad=requires_grad)
+
+    @property
+    def placements(self) -> tuple[Placement, ...]:
+        return self._spec.placements
+
+    @property
+    def device_mesh(self) -> DeviceMesh:
+        return self._spec.mesh
+
+    @staticmethod
+    def from_local(
+        local_tensor: torch.Tensor,
+        device_mesh: DeviceMesh,
+        placements: Sequence[Placement],
+        *,
+        run_check: bool = False,
+        shape: Optional[Sequence[int]] = None,
+        stride: Optional[Sequence[int]] = None,
+    ) -> "DTensor":
+        """Wrap this rank's piece. Without ``shape``, shards are assumed even (local size x mesh size);
+        pass ``shape`` for uneven torch.chunk shards. ``run_check`` compares all ranks' local shapes.
+
+        >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape  # doctest: +SKIP
+        torch.Size([4, 3])
+        """
+        if not isinstance(local_tensor, torch.Tensor) or isinstance(local_tensor, DTensor):
+            raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}")
+        placements = normalize_placements(placements, device_mesh.ndim, local_tensor.ndim)
+        if shape is None:
+            gshape = list(local_tensor.shape)
+            for mdim, p in enumerate(placements):
+                if type(p) is Shard:
+                    gshape[p.dim] *= device_mesh.size(mdim)
+            shape = gshape
+        shape = torch.Size(shape)
+        if stride is None:
+            stride = _contiguous_stride(shape)
+        if run_check:
+            _check_local_shapes(local_tensor, device_mesh, placements, shape)
+        spec = DTensorSpec(device_mesh, placements, shape, stride, local_tensor.dtype)
+        return _FromLocal.apply(local_tensor, spec)
+
+    def to_local(self, *, grad_placements: Optional[Sequence[Placement]] = None) -> torch.Tensor:
+        """This rank's piece, differentiable (gradients come back as a DTensor with this layout)."""
+        if not torch.is_grad_enabled() or not self.requires_grad:
+            return self._local_tensor
+        gp = None if grad_placements is None else tuple(grad_placements)
+        return _ToLocal.apply(self, gp)
+
+    def redistribute(self, device_mesh: Optional[DeviceMesh] = None, placements=None) -> "DTensor":
+        """Change the layout; differentiable (the backward is the adjoint redistribution)."""
+        mesh = device_mesh or self._spec.mesh
+        if mesh is not self._spec.mesh and mesh != self._spec.mesh:
+            raise ValueError(f"redistribute cannot move a DTensor to another mesh ({self._spec.mesh} -> {mesh})")
+        if placements is None:
+            raise ValueError("redistribute needs target placements, e.g. [Replicate()]")
+        placements = normalize_placements(placements, mesh.ndim, self.ndim)
+        if placements == self._spec.placements:
+            return self
+        return _Redistribute.apply(self, placements)
+
+    def full_tensor(self) -> torch.Tensor:
+        """The whole tensor on every rank (gathers/reduces as needed); differentiable."""
+        full = tuple(Replicate() for _ in self._spec.placements)
+        return self.redistribute(self._spec.mesh, full).to_local()
+
+    # -- interop with torch.distributed.tensor ----------------------------------------------------
+    @staticmethod
+    def from_torch(t) -> "DTensor":
+        """Convert a ``torch.distributed.tensor.DTensor`` (sharing its local data; differentiable)."""
+        from .interop import from_torch
+
+        return from_torch(t)
+
+    def to_torch(self):
+        """Convert to a ``torch.distributed.tensor.DTensor`` (sharing the local data; differentiable)."""
+        from .interop import to_torch
+
+        return to_torch(self)
+
+
+_DISPATCHER = OpDispatcher(DTensor)
+
+
+def set_fallback(enabled: bool) -> None:
+    """Opt in (or out) of running ops with no sharding rule by gathering inputs to Replicate."""
+    _DISPATCHER.fallback_to_replicate = bool(enabled)
+
+
+def propagation_cache():
+    """The sharding-propagation cache (``hits``, ``misses``, ``plans``, ``clear()``)."""
+    return _DISPATCHER.cache
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(stride))
+
+
+def _check_local_shapes(local, mesh, placements, shape) -> None:
+    """Collective check that every rank's local shape matches the global layout (names bad ranks)."""
+    gathered = [None] * mesh.size()
+    mine = (dist.get_rank(), tuple(local.shape), mesh_coord(mesh))
+    dist.all_gather_object(gathered, mine, group=_mesh_group(mesh))
+    bad = []
+    for rank, lshape, coord in sorted(gathered):
+        expect = local_shape_and_offset(shape, tuple(mesh.shape), coord, placements)[0]
+        if tuple(lshape) != tuple(expect):
+            bad.append(f"rank {rank} has {tuple(lshape)}, expected {tuple(expect)}")
+    if bad:
+        raise ValueError(
+            f"from_local(run_check=True): local shapes disagree with global shape {tuple(shape)} and placements "
+            f"{[str(p) for p in placements]}: " + "; ".join(bad) + ". Pass the right shape= or fix the shards"
+        )
+
+
+def distribute_tensor(
+    tensor: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Placement] = None, *, src_data_rank: Optional[int] = 0
+) -> DTensor:
+    """Lay out a full tensor over the mesh. With ``src_data_rank=0`` (default) the data of the mesh's first
+    rank is broadcast first so every rank agrees; ``None`` trusts each rank's copy (no communication).
+
+    >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
+    """
+    if isinstance(tensor, DTensor):
+        raise TypeError("distribute_tensor got a DTensor; use .redistribute(mesh, placements) instead")
+    if placements is None:
+        placements = [Replicate()] * device_mesh.ndim
+    placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
+    device = torch.device(device_mesh.device_type)
+    local = tensor.detach()
+    if local.device.type != device.type:
+        local = local.to(device)
+    if src_data_rank is not None:
+        local = local.contiguous().clone()
+        dist.broadcast(local, src=int(device_mesh.mesh.flatten()[src_data_rank]), group=_mesh_group(device_mesh))
+    coord = mesh_coord(device_mesh)
+    mesh_shape = tuple(device_mesh.shape)
+    for mdim, p in enumerate(placements):
+        if type(p) is Shard:
+            start, length = chunk_range(local.shape[p.dim], mesh_shape[mdim], coord[mdim])
+            local = local.narrow(p.dim, start, length)
+        elif isinstance(p, Partial) and p.reduce_op == "sum" and coord[mdim] != 0:
+            local = torch.zeros_like(local)
+    local = local.contiguous() if src_data_rank is None else local.clone().contiguous()
+    spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
+    return DTensor(local, spec, requires_grad=tensor.requires_grad)
+
+
+def _mesh_group(mesh: DeviceMesh):
+    """A process group spanning every rank of the mesh."""
+    if mesh.ndim == 1:
+        return mesh.get_group()
+    if mesh.size() == dist.get_world_size():
+        return None  # the default group
+    return dist.new_group(sorted(mesh.mesh.flatten().tolist()))

@@ -1,0 +1,96 @@
+"""Pointwise ops (with broadcasting and scalars), their backward ops and in-place forms.
+
+Shard placements follow broadcasting; Partial passes only through ops that are linear in it:
+sums/differences of partials, a partial times replicated values, copies and casts.
+"""
+
+from __future__ import annotations
+
+from torch.ops import aten
+
+from ..placements import Partial
+from ..propagation.registry import register_rule
+from .common import ALL_PARTIALS, LINEAR_PARTIALS, R, pointwise_strategies, replicate_strategy
+from ..propagation.schema import Strategy, TensorArg
+
+_NONLINEAR = [
+    aten.abs, aten.exp, aten.log, aten.sqrt, aten.rsqrt, aten.relu, aten.gelu, aten.tanh, aten.sigmoid,
+    aten.silu, aten.sin, aten.cos, aten.reciprocal, aten.sign, aten.square, aten.pow, aten.clamp,
+    aten.clamp_min, aten.clamp_max, aten.erf, aten.log1p, aten.expm1, aten.hardtanh, aten.leaky_relu,
+    aten.elu, aten.nan_to_num, aten.isnan, aten.logical_not, aten.bitwise_not, aten.maximum, aten.minimum,
+    aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.where, aten.masked_fill,
+    aten.threshold_backward, aten.gelu_backward, aten.tanh_backward, aten.sigmoid_backward,
+    aten.silu_backward, aten.hardtanh_backward, aten.leaky_relu_backward, aten.threshold, aten.lerp,
+    aten.addcmul, aten.addcdiv, aten.logical_and, aten.logical_or, aten.bitwise_and, aten.bitwise_or,
+    aten.fmod, aten.remainder, aten.atan2, aten.rsub, aten.sqrt_, aten.exp_, aten.relu_, aten.pow_,
+    aten.clamp_, aten.lerp_, aten.addcmul_, aten.addcdiv_, aten.masked_fill_, aten.maximum, aten.fill_,
+    aten.sgn, aten.floor, aten.ceil, aten.round, aten.trunc, aten.neg_, aten.abs_,
+    aten.clamp_min_, aten.clamp_max_, aten.sigmoid_, aten.tanh_, aten.reciprocal_, aten.rsqrt_,
+]
+_COPY_LIKE = [aten.clone, aten.detach, aten.alias, aten._to_copy, aten.contiguous, aten.neg]
+_ADDITIVE = [aten.add, aten.sub, aten.add_, aten.sub_, aten.copy_, aten.copy]
+_SCALING = [aten.mul, aten.mul_, aten.div, aten.div_]
+_FACTORY_LIKE = [aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.zero_]
+
+
+def _is_tensor(x) -> bool:
+    return isinstance(x, TensorArg)
+
+
+@register_rule(*_NONLINEAR, pointwise=True)
+def nonlinear_rule(schema, mesh_size):
+    return pointwise_strategies(schema)
+
+
+@register_rule(*_COPY_LIKE, pointwise=True)
+def copy_like_rule(schema, mesh_size):
+    partials = ALL_PARTIALS if schema.op.overloadpacket is not aten.neg else LINEAR_PARTIALS
+    return pointwise_strategies(schema, [((p,), p) for p in partials])
+
+
+@register_rule(*_ADDITIVE, pointwise=True)
+def additive_rule(schema, mesh_size):
+    # a sum of partials is a partial of sums; a scalar operand would be added once per rank
+    operands = [a for a in schema.args[:2]]
+    partials = []
+    if all(_is_tensor(a) for a in operands) and all(t.is_dtensor for t in schema.tensor_args):
+        partials = [(tuple(p for _ in schema.tensor_args), p) for p in LINEAR_PARTIALS]
+    return pointwise_strategies(schema, partials)
+
+
+@register_rule(*_SCALING, pointwise=True)
+def scaling_rule(schema, mesh_size):
+    # linear in each operand separately: one partial operand times (or over) replicated values
+    n = len(schema.tensor_args)
+    is_div = schema.op.overloadpacket in (aten.div, aten.div_)
+    partials = []
+    for i in range(1 if is_div else n):
+        for p in LINEAR_PARTIALS:
+            partials.append((tuple(p if j == i else R for j in range(n)), p))
+    if is_div and schema.kwargs.get("rounding_mode") is not None:
+        partials = []
+    return pointwise_strategies(schema, partials)
+
+
+@register_rule(*_FACTORY_LIKE, pointwise=True)
+def factory_like_rule(schema, mesh_size):
+    # new values do not inherit pending reductions: a partial input gives a replicated output
+    # (zero_ keeps a partial: zeros sum to zero)
+    strategies = pointwise_strategies(schema)
+    keep = schema.op.overloadpacket is aten.zero_
+    for p in ALL_PARTIALS:
+        strategies.append(Strategy((p if keep else R,), (p,)))
+    return strategies
+
+
+@register_rule(aten._local_scalar_dense.default)
+def item_rule(schema, mesh_size):
+    return [replicate_strategy(schema)]
+
+
+@register_rule(aten.native_dropout.default)
+def dropout_rule(schema, mesh_size):
+    # dropout masks are random per rank: only a replicated input gives the same mask everywhere if
+    # the RNG is in sync, which is the caller's contract (like torch's DTensor without its RNG tracker)
+    return [Strategy((R, R), (R,))]
+

@@ -1,0 +1,127 @@
+"""DTensorSpec: the global metadata of a distributed tensor, and the shard-layout arithmetic.
+
+A spec is an immutable value (mesh, placements, global shape, stride, dtype) with a cached hash, so
+it can be part of a sharding-propagation cache key. Local shard sizes follow ``torch.chunk``: a
+dimension of size ``n`` split ``k`` ways has chunks of ``ceil(n / k)``; trailing ranks may be short or
+empty. Several mesh dimensions sharding the same tensor dimension nest in mesh-dimension order.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
+from .placements import Partial, Placement, Replicate, Shard
+
+__all__ = ["DTensorSpec", "chunk_range", "local_shape_and_offset", "normalize_placements", "mesh_coord"]
+
+
+def chunk_range(size: int, parts: int, index: int) -> tuple[int, int]:
+    """(offset, length) of chunk ``index`` when ``size`` is split ``parts`` ways like torch.chunk."""
+    chunk = -(-size // parts) if size else 0
+    start = min(index * chunk, size)
+    return start, min(chunk, size - start)
+
+
+def local_shape_and_offset(
+    shape: Sequence[int], mesh_shape: Sequence[int], coord: Sequence[int], placements: Sequence[Placement]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Local shard shape and its offset in the global tensor for the rank at mesh ``coord``."""
+    local = list(shape)
+    offset = [0] * len(shape)
+    for mdim, p in enumerate(placements):
+        if type(p) is Shard:
+            start, length = chunk_range(local[p.dim], mesh_shape[mdim], coord[mdim])
+            offset[p.dim] += start
+            local[p.dim] = length
+    return tuple(local), tuple(offset)
+
+
+def mesh_coord(mesh: DeviceMesh) -> tuple[int, ...]:
+    coord = mesh.get_coordinate()
+    if coord is None:
+        raise ValueError(f"this rank is not part of {mesh}; run the op on the mesh's ranks only")
+    return tuple(coord)
+
+
+def normalize_placements(placements, mesh_ndim: int, tensor_ndim: int) -> tuple[Placement, ...]:
+    """Validate placements against the mesh and tensor; return them with non-negative Shard dims."""
+    if isinstance(placements, Placement):
+        placements = (placements,)
+    placements = tuple(placements)
+    if len(placements) != mesh_ndim:
+        raise ValueError(
+            f"placements {tuple(str(p) for p in placements)} has {len(placements)} entries but the mesh "
+            f"has {mesh_ndim} dimension(s): give exactly one placement per mesh dimension"
+        )
+    out = []
+    for p in placements:
+        if not isinstance(p, Placement):
+            raise TypeError(f"placement {p!r} is not a Placement; use Shard(d), Replicate() or Partial()")
+        if type(p) is Shard:
+            if not -tensor_ndim <= p.dim < tensor_ndim or tensor_ndim == 0:
+                lo, hi = -tensor_ndim, tensor_ndim - 1
+                fix = f"dim must be in [{lo}, {hi}]" if tensor_ndim else "a 0-d tensor cannot be sharded"
+                raise ValueError(f"{p} on a {tensor_ndim}-D tensor: {fix}; use Replicate() or a valid Shard")
+            if p.dim < 0:
+                p = Shard(p.dim + tensor_ndim)
+        out.append(p)
+    return tuple(out)
+
+
+class DTensorSpec:
+    """Immutable global description of a DTensor; equal specs hash equal.
+
+    >>> spec = DTensorSpec(mesh, (Shard(0),), torch.Size([4, 4]), (4, 1), torch.float32)  # doctest: +SKIP
+    """
+
+    __slots__ = ("mesh", "placements", "shape", "stride", "dtype", "_hash")
+
+    def __init__(self, mesh: DeviceMesh, placements, shape, stride, dtype: torch.dtype):
+        self.mesh = mesh
+        self.placements = tuple(placements)
+        self.shape = torch.Size(shape)
+        self.stride = tuple(stride)
+        self.dtype = dtype
+        self._hash = hash((id(mesh), self.placements, tuple(self.shape), self.stride, dtype))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        return (
+            type(other) is DTensorSpec
+            and self._hash == other._hash
+            and self.mesh is other.mesh
+            and self.placements == other.placements
+            and self.shape == other.shape
+            and self.stride == other.stride
+            and self.dtype == other.dtype
+        )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def with_placements(self, placements) -> "DTensorSpec":
+        return DTensorSpec(self.mesh, placements, self.shape, self.stride, self.dtype)
+
+    def local_shape(self, coord: Sequence[int]) -> tuple[int, ...]:
+        return local_shape_and_offset(self.shape, self.mesh.shape, coord, self.placements)[0]
+
+    def local_offset(self, coord: Sequence[int]) -> tuple[int, ...]:
+        return local_shape_and_offset(self.shape, self.mesh.shape, coord, self.placements)[1]
+
+    def is_replicated(self) -> bool:
+        return all(type(p) is Replicate for p in self.placements)
+
+    def has_partial(self) -> bool:
+        return any(isinstance(p, Partial) for p in self.placements)
+
+    def __repr__(self) -> str:
+        pl = ", ".join(str(p) for p in self.placements)
+        return f"Spec({pl} | {tuple(self.shape)} {str(self.dtype).replace('torch.', '')})"
