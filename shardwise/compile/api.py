@@ -1,0 +1,171 @@
+"""``shardwise.compile.compile``: trace a whole train step once, then replay it per rank.
+
+Example::
+
+    @compile(parallel_mode=DataParallel(mesh, style="replicate"))
+    def step(model, optimizer, x, y):
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+    for x, y in loader:
+        loss = step(model, optimizer, x, y)  # traced on the first call, replayed after
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .modes import ParallelMode, Signature
+from .optim import optim_spec
+from .tracing import JointGraph, trace_joint
+
+__all__ = ["compile", "CompiledStep"]
+
+
+def compile(parallel_mode: ParallelMode, gm_transformation: Callable | None = None) -> Callable:
+    """Decorator for ``step(model, optimizer, *batch)``; see the module docstring.
+
+    A new trace happens when batch shapes/dtypes, non-tensor batch values,
+    optimizer hyper-parameters (other than ``lr``) or the presence of lazily
+    created optimizer state change.  ``lr`` is read from
+    ``optimizer.param_groups`` on every call, so schedulers just work.
+    ``gm_transformation(gm) -> callable`` may compile the final graph further.
+    """
+    if not isinstance(parallel_mode, ParallelMode):
+        raise TypeError(
+            f"parallel_mode must be a shardwise.compile.ParallelMode (e.g. DataParallel(mesh)), "
+            f"got {type(parallel_mode).__name__}"
+        )
+    if gm_transformation is not None and not callable(gm_transformation):
+        raise TypeError(f"gm_transformation must be callable(gm) -> callable, got {gm_transformation!r}")
+
+    def wrap(fn: Callable) -> "CompiledStep":
+        return functools.update_wrapper(CompiledStep(fn, parallel_mode, gm_transformation), fn)
+
+    return wrap
+
+
+@dataclass
+class _Entry:
+    fn: Callable
+    gm: torch.fx.GraphModule
+    sig: Signature
+    joint: JointGraph
+
+
+class CompiledStep:
+    """The callable returned by :func:`compile`; ``.traces`` counts traces so far."""
+
+    def __init__(self, fn: Callable, mode: ParallelMode, gm_transformation: Callable | None):
+        self.fn, self.mode, self.gm_transformation = fn, mode, gm_transformation
+        self.state = None
+        self._owner: tuple[int, int] | None = None
+        self._cache: dict[Any, _Entry] = {}
+        self.traces = 0
+
+    @property
+    def graph(self) -> torch.fx.GraphModule | None:
+        """The per-rank graph of the most recent trace (for inspection)."""
+        return self._last.gm if self._cache else None
+
+    def __call__(self, model=None, optimizer=None, *batch):
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(
+                f"the compiled step's first argument must be the torch.nn.Module, got "
+                f"{type(model).__name__}; call it as step(model, optimizer, *batch)"
+            )
+        spec = optim_spec(optimizer)
+        local = self.mode.local_batch(batch)
+        if self._owner is None:
+            self.state = self.mode.setup(model, optimizer, spec)
+            self._owner = (id(model), id(optimizer))
+        elif self._owner != (id(model), id(optimizer)):
+            raise ValueError(
+                "this compiled step is bound to the model and optimizer of its first call; "
+                "decorate a separate step function for another model/optimizer"
+            )
+        self.state.spec = spec
+        key = self._guard_key(spec, local)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = self._trace(model, optimizer, spec, local)
+        self._last = entry
+        return self._run(entry, model, optimizer, local)
+
+    def _guard_key(self, spec, local: tuple):
+        leaves, treespec = pytree.tree_flatten(local)
+        desc = []
+        for x in leaves:
+            if isinstance(x, torch.Tensor):
+                desc.append(("T", tuple(x.shape), x.dtype, x.device.type))
+            else:
+                desc.append(("C", type(x).__name__, x if _hashable(x) else id(x)))
+        st = self.state
+        stateful = tuple(st.has_state(n) for n in st.names if st.group_of[n] is not None)
+        return (spec, str(treespec), tuple(desc), stateful)
+
+    def _trace(self, model, optimizer, spec, local: tuple) -> _Entry:
+        st = self.state
+        fake_mode = FakeTensorMode()
+        with fake_mode:
+            fparams = {
+                n: torch.empty(lay.shape, dtype=lay.dtype, device=st.storage[n].device)
+                for n, lay in st.layouts.items()
+            }
+        fbufs = {n: fake_mode.from_tensor(b) for n, b in model.named_buffers()}
+        flocal = pytree.tree_map(
+            lambda t: fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, local
+        )
+        joint = trace_joint(self.fn, model, optimizer, fparams, fbufs, flocal)
+        gm, sig = self.mode.partition(joint, st, spec, local, fake_mode)
+        fn = self.mode.transform_and_compile(gm, self.gm_transformation)
+        self.traces += 1
+        return _Entry(fn, gm, sig, joint)
+
+    def _run(self, entry: _Entry, model, optimizer, local: tuple):
+        st = self.state
+        buffers = dict(model.named_buffers())
+        batch_t = [t for t in pytree.tree_leaves(local) if isinstance(t, torch.Tensor)]
+        device = next(iter(st.storage.values())).device
+        args = []
+        for kind, a, b in entry.sig.inputs:
+            if kind == "param":
+                args.append(st.storage[a])
+            elif kind == "buffer":
+                args.append(buffers[a])
+            elif kind == "opt_state":
+                args.append(st.states[a][b])
+            elif kind == "lr":
+                args.append(torch.tensor(optimizer.param_groups[a]["lr"], dtype=torch.float64, device=device))
+            else:
+                args.append(batch_t[a])
+        with torch.no_grad():
+            outs = entry.fn(*args)
+        user, new_p, new_s = [], {}, {}
+        for (kind, a, b), v in zip(entry.sig.outputs, outs):
+            if kind == "user":
+                user.append(v)
+            elif kind == "param":
+                new_p[a] = v
+            else:
+                new_s.setdefault(a, {})[b] = v
+        st.write_back(new_p, new_s)
+        it = iter(user)
+        leaves = [next(it) if is_t else c for is_t, c in entry.joint.out_consts]
+        return pytree.tree_unflatten(leaves, entry.joint.out_spec)
+
+
+def _hashable(x) -> bool:
+    try:
+        hash(x)
+        return True
+    except TypeError:
+        return False

@@ -1,0 +1,169 @@
+"""Functional SGD / Adam / AdamW, traced into the step graph.
+
+``torch.optim`` mutates parameters and lazily creates state, which cannot be
+replayed as a graph.  Here the update is a pure function of
+``(params, grads, states, lr, step)`` that returns new tensors; the learning
+rate and the step count are tensor *inputs* (so a scheduler changes them
+without a new trace), every other hyper-parameter is a traced-in constant
+guarded by :class:`OptimSpec`.  The arithmetic follows torch's single-tensor
+implementations so results agree to float rounding.
+
+Example::
+
+    spec = optim_spec(torch.optim.Adam(model.parameters(), lr=1e-3))
+    new_p, new_s = functional_update(spec.groups[0], [p], [g], [state])
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+__all__ = ["GroupSpec", "OptimSpec", "optim_spec", "state_names", "functional_update"]
+
+_KINDS = {torch.optim.SGD: "sgd", torch.optim.Adam: "adam", torch.optim.AdamW: "adamw"}
+# Hyper-parameters we implement; anything else set to a non-default value is rejected.
+_SUPPORTED = {
+    "sgd": {"momentum", "dampening", "weight_decay", "nesterov", "maximize"},
+    "adam": {"betas", "eps", "weight_decay", "maximize"},
+    "adamw": {"betas", "eps", "weight_decay", "maximize"},
+}
+# Options that only pick an implementation (same numerics) and can be ignored.
+_IGNORED = {"foreach", "capturable", "params", "lr", "initial_lr", "decoupled_weight_decay"}
+_MUST_BE_FALSY = {"fused", "differentiable", "amsgrad"}
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """Traced-in (guarded) hyper-parameters of one param group; ``lr`` is excluded."""
+
+    kind: str
+    hparams: tuple[tuple[str, Any], ...]
+
+    def get(self, name: str) -> Any:
+        return dict(self.hparams)[name]
+
+
+@dataclass(frozen=True)
+class OptimSpec:
+    kind: str
+    groups: tuple[GroupSpec, ...]
+
+
+def optim_spec(optimizer: Any) -> OptimSpec:
+    """Validate ``optimizer`` and describe it; raises before anything is mutated."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}; "
+            "pass the optimizer as the second argument of the step: step(model, optimizer, *batch)"
+        )
+    kind = _KINDS.get(type(optimizer))
+    if kind is None:
+        raise TypeError(
+            f"unsupported optimizer {type(optimizer).__name__}: shardwise.compile traces only "
+            "torch.optim.SGD, torch.optim.Adam and torch.optim.AdamW; use one of those"
+        )
+    groups = []
+    for i, group in enumerate(optimizer.param_groups):
+        for name in _MUST_BE_FALSY:
+            if group.get(name):
+                raise ValueError(
+                    f"{type(optimizer).__name__} param_groups[{i}] has {name}={group[name]!r}; "
+                    f"{name} optimizers cannot be traced into the step graph; "
+                    f"construct the optimizer with {name}=False"
+                )
+        for name in group:
+            if name not in _SUPPORTED[kind] | _IGNORED | _MUST_BE_FALSY:
+                raise ValueError(
+                    f"{type(optimizer).__name__} option {name!r}={group[name]!r} is not supported "
+                    f"by shardwise.compile; supported options: {sorted(_SUPPORTED[kind])}"
+                )
+        if kind == "sgd" and group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
+            raise ValueError("SGD nesterov=True needs momentum > 0 and dampening == 0")
+        if isinstance(group["lr"], torch.Tensor) or not isinstance(group["lr"], (int, float)):
+            raise TypeError(f"param_groups[{i}]['lr'] must be a Python float, got {group['lr']!r}")
+        hp = tuple(sorted((k, _freeze(group[k])) for k in _SUPPORTED[kind] if k in group))
+        groups.append(GroupSpec(kind, hp))
+    return OptimSpec(kind, tuple(groups))
+
+
+def _freeze(v: Any) -> Any:
+    return tuple(v) if isinstance(v, (list, tuple)) else v
+
+
+def state_names(group: GroupSpec, has_state: bool) -> tuple[str, ...]:
+    """Names of per-parameter state tensors (torch's own keys, for checkpoints)."""
+    if group.kind == "sgd":
+        # torch creates the momentum buffer lazily on the first step; the
+        # first step is traced without it (the guard includes `has_state`).
+        return ("momentum_buffer",) if group.get("momentum") != 0 and has_state else ()
+    return ("step", "exp_avg", "exp_avg_sq")
+
+
+def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor):
+    """Return ``(new_params, new_states)``; ``states[i]`` maps name -> tensor.
+
+    ``lr`` is a 0-dim float64 tensor so the update sees the same value as
+    torch's Python-float arithmetic.
+    """
+    fn = _sgd if group.kind == "sgd" else _adam
+    new_p, new_s = [], []
+    for p, g, s in zip(params, grads, states):
+        if g is None:
+            new_p.append(p)
+            new_s.append(dict(s))
+            continue
+        if group.get("maximize"):
+            g = -g
+        np_, ns = fn(group, p, g, s, lr)
+        new_p.append(np_)
+        new_s.append(ns)
+    return new_p, new_s
+
+
+def _sgd(group: GroupSpec, p, g, s, lr):
+    wd, mom = group.get("weight_decay"), group.get("momentum")
+    if wd != 0:
+        g = g + wd * p
+    new_s = {}
+    if mom != 0:
+        buf = s.get("momentum_buffer")
+        damp = group.get("dampening")
+        buf = g.clone() if buf is None else buf * mom + (1 - damp) * g
+        new_s["momentum_buffer"] = buf
+        g = g + mom * buf if group.get("nesterov") else buf
+    return p - lr.to(p.dtype) * g, new_s
+
+
+def _adam(group: GroupSpec, p, g, s, lr):
+    beta1, beta2 = group.get("betas")
+    eps, wd = group.get("eps"), group.get("weight_decay")
+    step = s["step"] + 1
+    if wd != 0:
+        if group.kind == "adamw":
+            p = p * (1 - lr * wd).to(p.dtype)
+        else:
+            g = g + wd * p
+    m = torch.lerp(s["exp_avg"], g, 1 - beta1)
+    v = torch.addcmul(s["exp_avg_sq"] * beta2, g, g, value=1 - beta2)
+    # Bias corrections in float64, as torch computes them on Python floats.
+    step64 = step.to(torch.float64)
+    bc1 = 1 - torch.pow(beta1, step64)
+    bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64))
+    step_size = (lr / bc1).to(p.dtype)
+    denom = v.sqrt() / bc2_sqrt.to(p.dtype) + eps
+    new_p = p - step_size * (m / denom)
+    return new_p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
+
+
+def init_state(group: GroupSpec, shard: torch.Tensor, has_state: bool) -> dict[str, torch.Tensor]:
+    """Fresh state for one (possibly sharded) parameter, on its device."""
+    names = state_names(group, has_state)
+    out = {}
+    for n in names:
+        if n == "step":
+            out[n] = torch.zeros((), dtype=torch.float32, device=shard.device)
+        else:
+            out[n] = torch.zeros_like(shard)
+    return out
