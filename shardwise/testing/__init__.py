@@ -1,15 +1,13 @@
-"""Test support for shardwise: run code on real ranks from a pytest test.
+"""Test support for shardwise: run code on real gloo ranks from pytest, simulate ranks in one process,
+and compare results.
 
-Two entry points live here (to be merged; see the lead's decision):
-
-* :func:`run_on_ranks` (``harness.py``): the contract every distributed test
-  uses. Call ``fn(rank, world_size, *args, **kwargs)`` on N gloo ranks from a
-  session-wide, reused worker pool; failures and hangs raise
-  :class:`DistributedTestError` / :class:`DistributedTestTimeout` with every
-  rank's traceback or stack. Inside ``fn``, :func:`worker_mesh` gives a cached
-  ``DeviceMesh``. How-to: ``shardwise/testing/README.md``.
-* :class:`ProcessPool` / :class:`PoolCache` / :mod:`simulate` / comparison
-  helpers (``pool.py``, ``compare.py``, ``simulate.py``).
+* :func:`run_on_ranks` calls a module-level ``fn(rank, world_size, *args, **kwargs)`` on N ranks from a
+  session-wide, reused worker pool; failures and hangs raise :class:`DistributedTestError` /
+  :class:`DistributedTestTimeout` with every rank's traceback or stack. Inside ``fn``,
+  :func:`worker_mesh` gives a cached ``DeviceMesh``. Each rank runs with its own ``PYTHONHASHSEED``, so
+  code that orders collectives by ``hash()`` fails loudly in tests.
+* :mod:`simulate`: per-rank lists and the collectives on them, for single-process rule tests.
+* comparison helpers that name what differs.
 
 Example (``_fn`` must be module-level in an importable module)::
 
@@ -23,54 +21,11 @@ Example (``_fn`` must be module-level in an importable module)::
 """
 
 from . import simulate
-from .compare import (
-    assert_close,
-    assert_ranks_agree,
-    assert_same,
-    assert_same_on_all_ranks,
-    assert_shards_match,
-)
-from .errors import (
-    RankDivergenceError,
-    RankTimeoutError,
-    RemoteRankError,
-    RemoteTraceback,
-    WorkerDiedError,
-)
-from .harness import (
-    DistributedTestError,
-    DistributedTestTimeout,
-    run_on_ranks,
-    shutdown_pools,
-    worker_mesh,
-)
-from .pool import ProcessPool, default_backend, run_distributed
-from .pool_cache import PoolCache
-from .worker import RankContext, device_for_rank
+from .compare import assert_close, assert_ranks_agree, assert_same, assert_same_on_all_ranks, assert_shards_match
+from .harness import DistributedTestError, DistributedTestTimeout, run_on_ranks, shutdown_pools, worker_mesh
 
 __all__ = [
-    # harness.py: the run_on_ranks contract
-    "DistributedTestError",
-    "DistributedTestTimeout",
-    "run_on_ranks",
-    "shutdown_pools",
-    "worker_mesh",
-    # pool.py & co.
-    "ProcessPool",
-    "PoolCache",
-    "RankContext",
-    "run_distributed",
-    "default_backend",
-    "device_for_rank",
-    "simulate",
-    "assert_same",
-    "assert_close",
-    "assert_ranks_agree",
-    "assert_same_on_all_ranks",
+    "DistributedTestError", "DistributedTestTimeout", "run_on_ranks", "shutdown_pools", "worker_mesh",
+    "simulate", "assert_same", "assert_close", "assert_ranks_agree", "assert_same_on_all_ranks",
     "assert_shards_match",
-    "RankDivergenceError",
-    "RankTimeoutError",
-    "WorkerDiedError",
-    "RemoteRankError",
-    "RemoteTraceback",
 ]

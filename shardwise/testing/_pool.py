@@ -75,6 +75,8 @@ class Pool:
         env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
         env.update(SHARDWISE_TEST_WORKER="1", RANK=str(rank), LOCAL_RANK=str(rank),
                    WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size))
+        # A different hash seed per rank: code whose collectives depend on hash() order fails here.
+        env["PYTHONHASHSEED"] = str(101 + rank)
         # One thread per rank: the ranks already oversubscribe small machines.
         env.setdefault("OMP_NUM_THREADS", "1")
         env.setdefault("MKL_NUM_THREADS", "1")

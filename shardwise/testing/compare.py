@@ -14,7 +14,6 @@ import torch
 import torch.distributed as dist
 
 from . import simulate
-from .worker import _detached_cpu
 
 __all__ = [
     "assert_same",
@@ -141,3 +140,16 @@ def _tensor_difference(a: Any, b: Any, path: str) -> str | None:
     first = tuple(int(i) for i in (~same).nonzero()[0])
     return (f"{path}: {int((~same).sum())} of {a.numel()} elements differ; first at index "
             f"{first}: {a[first].item()!r} != {b[first].item()!r}")
+
+
+def _detached_cpu(value: Any) -> Any:
+    """Tensors compared across ranks travel detached and on the CPU."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return type(value)((k, _detached_cpu(v)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_detached_cpu(v) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_detached_cpu(v) for v in value)
+    return value

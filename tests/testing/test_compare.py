@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from shardwise.testing import DistributedTestError, run_on_ranks
 from shardwise.testing.compare import (
     assert_close,
     assert_ranks_agree,
@@ -63,16 +64,15 @@ def test_assert_shards_match_uses_chunk_semantics():
 WORDS = [f"table_{i}" for i in range(24)]
 
 
-def set_order_check(ctx, ordered):
+def set_order_check(rank, world_size, ordered):
     # Iteration order of a set of strings follows hash(): it differs between ranks here.
     order = sorted(set(WORDS)) if ordered else list(set(WORDS))
-    assert_same_on_all_ranks(order, ctx.group, what="table order")
+    assert_same_on_all_ranks(order, None, what="table order")
     return order
 
 
-def test_assert_same_on_all_ranks_catches_hash_dependent_order(dist_pools):
-    pool = dist_pools.get(2)
-    assert pool.run(set_order_check, True) == [sorted(WORDS)] * 2
+def test_assert_same_on_all_ranks_catches_hash_dependent_order():
+    assert run_on_ranks(set_order_check, 2, True) == [sorted(WORDS)] * 2
     # Every rank sees the same gathered values, so all raise the same error: no hang, no divergence.
-    with pytest.raises(AssertionError, match=r"table order on rank 1 vs rank 0\[0\]"):
-        pool.run(set_order_check, False)
+    with pytest.raises(DistributedTestError, match=r"table order on rank 1 vs rank 0\[0\]"):
+        run_on_ranks(set_order_check, 2, False)

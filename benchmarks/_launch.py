@@ -1,0 +1,60 @@
+"""Shared benchmark plumbing: spawn N gloo ranks, time blocks of calls, print JSON lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, args, queue):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        out = fn(rank, world, *args)
+        if rank == 0:
+            queue.put(out)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def spawn(fn, world: int, *args):
+    """Run ``fn(rank, world, *args)`` on ``world`` gloo ranks; return rank 0's result."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(_entry, args=(world, free_port(), fn, args, queue), nprocs=world, join=True,
+                       start_method="spawn")
+    return queue.get()
+
+
+def time_us(fn, *, warmup: int = 20, reps: int = 7, inner: int = 50, sync=None) -> float:
+    """Median over ``reps`` blocks of ``inner`` back-to-back calls, in microseconds per call."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        if sync is not None:
+            sync()
+        t0 = time.perf_counter()
+        for _ in range(inner):
+            fn()
+        samples.append((time.perf_counter() - t0) / inner * 1e6)
+    return statistics.median(samples)
+
+
+def emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
