@@ -41,14 +41,25 @@ def register_rule(*ops, local=None, pointwise: bool = False, whole_mesh: bool = 
     def deco(fn):
         entry = RuleEntry(fn, local, pointwise, whole_mesh)
         for op in ops:
-            if hasattr(op, "overloads"):  # an OpOverloadPacket: every overload
+            if hasattr(op, "overloads"):  # an OpOverloadPacket: every functional/in-place overload
                 for name in op.overloads():
-                    RULES[getattr(op, name)] = entry
+                    ov = getattr(op, name)
+                    if _takes_tensors(ov) and not _is_out_variant(ov):
+                        RULES[ov] = entry
             else:
                 RULES[op] = entry
         return fn
 
     return deco
+
+
+def _takes_tensors(ov) -> bool:
+    # out= variants write into given tensors and scalar overloads (add.int) never see a DTensor
+    return any("Tensor" in str(a.type) for a in ov._schema.arguments)
+
+
+def _is_out_variant(ov) -> bool:
+    return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in ov._schema.arguments)
 
 
 def lookup_rule(op) -> Optional[RuleEntry]:
