@@ -1,0 +1,97 @@
+"""EmbeddingBagCollection: the unsharded module (ground truth for every sharded layout)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..sparse import KeyedJaggedTensor, KeyedTensor
+from .config import EmbeddingBagConfig, check_tables
+
+__all__ = ["EmbeddingBagCollection", "pool_bags"]
+
+
+def pool_bags(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
+              per_sample_weights: Optional[torch.Tensor], mean: bool) -> torch.Tensor:
+    """Pool bags of rows of ``weight``; mean divides the (weighted) sum by the bag's id count.
+
+    ``offsets`` has one more entry than there are bags. Dividing a weighted sum by the count (not by
+    the weight total) is the convention sharded layouts can reproduce from partial sums.
+    """
+    pooled = F.embedding_bag(values, weight, offsets, mode="sum", per_sample_weights=per_sample_weights,
+                             include_last_offset=True)
+    if mean:
+        counts = (offsets[1:] - offsets[:-1]).clamp(min=1).to(pooled.dtype)
+        pooled = pooled / counts.unsqueeze(1)
+    return pooled
+
+
+def check_features(kjt: KeyedJaggedTensor, known: Sequence[str], is_weighted: bool) -> None:
+    if not isinstance(kjt, KeyedJaggedTensor):
+        raise TypeError(f"forward expects a KeyedJaggedTensor, got {type(kjt).__name__}")
+    unknown = [k for k in kjt.keys() if k not in set(known)]
+    if unknown:
+        raise ValueError(f"features {unknown} are not looked up by any table (known: {list(known)}); "
+                         f"drop them from the batch or add them to an EmbeddingBagConfig")
+    if is_weighted and kjt.weights_or_none() is None:
+        raise ValueError("this collection is weighted (is_weighted=True) but the batch has no weights; "
+                         "pass weights= to the KeyedJaggedTensor")
+
+
+class EmbeddingBagCollection(nn.Module):
+    """A set of embedding tables, each pooling the bags of its features.
+
+    ``forward(kjt)`` returns a KeyedTensor with one key per feature, in config order (tables in the
+    given order, then each table's ``feature_names``); a feature absent from the batch pools to zeros.
+
+    Example:
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 100, 8, ["f"])])
+        >>> kt = ebc(KeyedJaggedTensor(["f"], torch.tensor([1, 2]), lengths=torch.tensor([2])))
+        >>> kt.values().shape
+        torch.Size([1, 8])
+    """
+
+    def __init__(self, tables: Sequence[EmbeddingBagConfig], is_weighted: bool = False,
+                 device: Optional[torch.device] = None):
+        super().__init__()
+        self._tables = check_tables(tables)
+        self._is_weighted = bool(is_weighted)
+        self.embedding_bags = nn.ModuleDict()
+        for t in self._tables:
+            bag = nn.EmbeddingBag(t.num_embeddings, t.embedding_dim, mode="sum", device=device)
+            # TorchRec's default init keeps the pooled magnitude independent of the table size.
+            bound = math.sqrt(1.0 / t.num_embeddings)
+            nn.init.uniform_(bag.weight, -bound, bound)
+            self.embedding_bags[t.name] = bag
+
+    @property
+    def tables(self) -> list[EmbeddingBagConfig]:
+        return list(self._tables)
+
+    @property
+    def is_weighted(self) -> bool:
+        return self._is_weighted
+
+    def feature_names(self) -> list[str]:
+        return [f for t in self._tables for f in t.feature_names]
+
+    def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
+        check_features(kjt, self.feature_names(), self._is_weighted)
+        present = set(kjt.keys())
+        batch = kjt.stride()
+        outs, dims = [], []
+        for t in self._tables:
+            weight = self.embedding_bags[t.name].weight
+            for f in t.feature_names:
+                dims.append(t.embedding_dim)
+                if f not in present:
+                    outs.append(weight.new_zeros(batch, t.embedding_dim))
+                    continue
+                jt = kjt[f]
+                psw = jt.weights_or_none() if self._is_weighted else None
+                outs.append(pool_bags(weight, jt.values(), jt.offsets(), psw, t.pooling == "mean"))
+        return KeyedTensor(self.feature_names(), dims, torch.cat(outs, dim=1))

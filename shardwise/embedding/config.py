@@ -1,0 +1,74 @@
+"""Table configuration for embedding-bag collections."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = ["EmbeddingBagConfig", "PoolingType"]
+
+
+class PoolingType(str, enum.Enum):
+    SUM = "sum"
+    MEAN = "mean"
+
+
+@dataclass(frozen=True)
+class EmbeddingBagConfig:
+    """One embedding table and the features that look it up.
+
+    ``pooling="mean"`` divides the (weighted) sum of a bag by the number of ids in it; an empty bag
+    pools to zeros.
+
+    Example:
+        >>> EmbeddingBagConfig("t_user", num_embeddings=1000, embedding_dim=16, feature_names=["user_id"])
+    """
+
+    name: str
+    num_embeddings: int
+    embedding_dim: int
+    feature_names: tuple = field(default_factory=tuple)
+    pooling: str = "sum"
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name or "." in self.name:
+            raise ValueError(f"table name {self.name!r} must be a non-empty str without '.'; "
+                             f"it becomes part of state-dict keys")
+        for attr in ("num_embeddings", "embedding_dim"):
+            v = getattr(self, attr)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"table {self.name!r}: {attr}={v!r} must be a positive int")
+        names = self.feature_names
+        if isinstance(names, str) or not all(isinstance(f, str) for f in names):
+            raise TypeError(f"table {self.name!r}: feature_names must be a list of str, got {names!r}")
+        if not names:
+            raise ValueError(f"table {self.name!r}: feature_names is empty; give the features that use it")
+        if len(set(names)) != len(names):
+            raise ValueError(f"table {self.name!r}: duplicate feature names in {list(names)}")
+        object.__setattr__(self, "feature_names", tuple(names))
+        try:
+            object.__setattr__(self, "pooling", PoolingType(self.pooling).value)
+        except ValueError:
+            raise ValueError(f"table {self.name!r}: pooling={self.pooling!r} is not supported; "
+                             f"use 'sum' or 'mean'") from None
+
+
+def check_tables(tables) -> list[EmbeddingBagConfig]:
+    """Validate a table list: configs, unique table names, each feature in exactly one table."""
+    tables = list(tables)
+    if not tables:
+        raise ValueError("need at least one EmbeddingBagConfig")
+    for t in tables:
+        if not isinstance(t, EmbeddingBagConfig):
+            raise TypeError(f"tables must be EmbeddingBagConfig, got {type(t).__name__}")
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ValueError(f"table names must be unique, got {names}")
+    seen: dict[str, str] = {}
+    for t in tables:
+        for f in t.feature_names:
+            if f in seen:
+                raise ValueError(f"feature {f!r} is used by tables {seen[f]!r} and {t.name!r}; "
+                                 f"a feature may look up only one table")
+            seen[f] = t.name
+    return tables

@@ -1,0 +1,201 @@
+"""ShardedEmbeddingBagCollection and shard(): model-parallel embedding bags over a process group."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from ..sparse import KeyedJaggedTensor, KeyedTensor
+from .collection import EmbeddingBagCollection, check_features
+from .comm import all_gather_ints
+from .fused_optimizer import FusedOptimizer
+from .optim import resolve_optimizer
+from .plan import ParameterSharding, ShardBox, ShardingType
+from .routing import GroupSpec, Routing
+from .shards import ShardStore
+from .sharding import SHARDERS, Stages
+from .state import copy_into_shards, wrap_shards
+from .topology import Topology
+
+__all__ = ["ShardedEmbeddingBagCollection", "shard"]
+
+
+@dataclass
+class _Group:
+    sharding_type: ShardingType
+    spec: GroupSpec
+    routing: Routing
+    store: ShardStore
+    stages: Stages
+    replicated: bool
+
+
+def _check_plan(ebc: EmbeddingBagCollection, plan: dict) -> None:
+    if not isinstance(plan, dict):
+        raise TypeError(f"plan must be a dict {{table name: ParameterSharding}}, got {type(plan).__name__}")
+    names = [t.name for t in ebc.tables]
+    missing = [n for n in names if n not in plan]
+    extra = sorted(k for k in plan if k not in names)
+    if missing or extra:
+        raise ValueError(f"plan must place every table exactly once: missing {missing}, unknown {extra}; "
+                         f"tables are {names}")
+    for name in names:
+        if not isinstance(plan[name], ParameterSharding):
+            raise TypeError(f"plan[{name!r}] must be a ParameterSharding (e.g. table_wise(0)), "
+                            f"got {plan[name]!r}")
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """An EmbeddingBagCollection whose tables are split over ranks; built by :func:`shard`.
+
+    ``forward(kjt)`` takes this rank's local batch and returns what the unsharded module returns
+    for it. Training: call ``backward`` on the loss; the fused optimizer updates the local shards
+    during backward (there is no separate ``step``).
+    """
+
+    def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None):
+        super().__init__()
+        self._tables = ebc.tables
+        self._is_weighted = ebc.is_weighted
+        self._topo = topo
+        self._features = ebc.feature_names()
+        self._dims = [t.embedding_dim for t in self._tables for _ in t.feature_names]
+        cols, start = {}, 0
+        for f, d in zip(self._features, self._dims):
+            cols[f], start = start, start + d
+        self._total_dim = start
+        self._mean_mask = [t.pooling == "mean" for t in self._tables for _ in t.feature_names]
+        rule, hp = resolve_optimizer(optimizer) if optimizer is not None else (None, None)
+        self._check_rule(rule, plan)
+        weights = {t.name: ebc.embedding_bags[t.name].weight.detach() for t in self._tables}
+        self._dtype = next(iter(weights.values())).dtype
+        # A leaf that every backward collective hangs on, so ranks without shards still take part.
+        self._anchor = torch.empty(0, device=topo.device, requires_grad=True)
+        self._groups: list[_Group] = []
+        for st in ShardingType:   # enum order: the same group order on every rank
+            tables = [t for t in self._tables if plan[t.name].sharding_type == st]
+            if tables:
+                self._groups.append(self._build_group(st, tables, plan, cols, weights, rule, hp))
+        self.fused_optimizer = FusedOptimizer(self, rule, hp)
+
+    @staticmethod
+    def _check_rule(rule, plan) -> None:
+        if rule is not None and rule.row_state:
+            cw = sorted(n for n, ps in plan.items() if ps.sharding_type == ShardingType.COLUMN_WISE)
+            if cw:
+                raise ValueError(f"{rule.name} keeps one accumulator per row, but column-wise tables {cw} split "
+                                 f"rows over ranks; use Adagrad or another sharding type for them")
+
+    def _build_group(self, st, tables, plan, cols, weights, rule, hp) -> _Group:
+        topo, sharder = self._topo, SHARDERS[st]
+        boxes = [b for t in tables for b in sharder.layout(t, plan[t.name], topo)]
+        spec = GroupSpec(tables, boxes, cols, self._total_dim)
+        routing = Routing(spec, topo.world_size, topo.rank if sharder.local_only else None)
+        store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
+                           sync_group=topo.group if sharder.replicated else None)
+        stages = sharder.build(routing, topo, store, self._anchor, self._is_weighted, self._dtype)
+        return _Group(st, spec, routing, store, stages, sharder.replicated)
+
+    @property
+    def tables(self):
+        return list(self._tables)
+
+    def boxes(self) -> list[ShardBox]:
+        """Every shard of every table (all ranks), the single source of the routing."""
+        return [b for g in self._groups for b in g.spec.boxes]
+
+    def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
+        check_features(kjt, self._features, self._is_weighted)
+        kjt = kjt.to(self._topo.device) if kjt.values().device != self._topo.device else kjt
+        batch, topo = kjt.stride(), self._topo
+        if any(not g.replicated for g in self._groups):
+            sizes = [row[0] for row in all_gather_ints([batch], topo.world_size, topo.group, topo.device)]
+        else:
+            sizes = [batch if r == topo.rank else 0 for r in range(topo.world_size)]
+        out = torch.zeros(batch * self._total_dim, dtype=self._dtype, device=topo.device)
+        for g in self._groups:
+            routed = g.stages.input_dist(kjt, sizes)
+            pooled = g.stages.lookup(routed)
+            out = g.stages.output_dist(pooled, routed, out, batch, sizes)
+        out = out.view(batch, self._total_dim)
+        if any(self._mean_mask):
+            out = out / self._mean_denominator(kjt, batch)
+        return KeyedTensor(self._features, self._dims, out)
+
+    def _mean_denominator(self, kjt: KeyedJaggedTensor, batch: int) -> torch.Tensor:
+        keys, blocks = kjt.keys(), []
+        for f, d, mean in zip(self._features, self._dims, self._mean_mask):
+            if mean and f in keys:
+                k = keys.index(f)
+                n = kjt.lengths()[k * batch:(k + 1) * batch].clamp(min=1).to(self._dtype)
+                blocks.append(n.unsqueeze(1).expand(batch, d))
+            else:
+                blocks.append(torch.ones(batch, d, dtype=self._dtype, device=self._topo.device))
+        return torch.cat(blocks, dim=1)
+
+    # ---- state ----------------------------------------------------------------------------------
+    def _table_shards(self, what: Optional[str] = None, per_row: bool = False):
+        """Per table: (config, all boxes, {my box: view}, replicated, group) for the weights
+        (``what=None``) or an optimizer state buffer (``per_row``: one value per row)."""
+        out = []
+        for g in self._groups:
+            for t in g.spec.tables:
+                boxes = [b for b in g.spec.boxes if b.table == t.name]
+                local = {}
+                for b in boxes:
+                    if b.rank != self._topo.rank:
+                        continue
+                    if b in g.routing.boxes:
+                        local[b] = g.store.box_view(g.routing.boxes.index(b), what)
+                    else:
+                        shape = (0,) if per_row else (0, b.col_size)
+                        local[b] = torch.zeros(shape, dtype=self._dtype, device=self._topo.device)
+                out.append((t, boxes, local, g.replicated, g))
+        order = {t.name: i for i, t in enumerate(self._tables)}
+        return sorted(out, key=lambda x: order[x[0].name])
+
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """``{prefix + "embedding_bags.<table>.weight": DTensor | ShardedTable}`` viewing the live shards."""
+        out = OrderedDict() if destination is None else destination
+        for t, boxes, local, replicated, _ in self._table_shards():
+            size = (t.num_embeddings, t.embedding_dim)
+            out[f"{prefix}embedding_bags.{t.name}.weight"] = wrap_shards(boxes, local, size, self._topo,
+                                                                         replicated, self._dtype)
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Copy weights from DTensors, ShardedTables or whole plain tensors into the local shards."""
+        keys = [f"embedding_bags.{t.name}.weight" for t in self._tables]
+        missing = [k for k in keys if k not in state_dict]
+        unexpected = sorted(k for k in state_dict if k not in keys)
+        if strict and (missing or unexpected):
+            raise ValueError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}; pass "
+                             f"strict=False to load a subset")
+        for t, boxes, local, replicated, _ in self._table_shards():
+            key = f"embedding_bags.{t.name}.weight"
+            if key in state_dict:
+                copy_into_shards(state_dict[key], boxes, local, (t.num_embeddings, t.embedding_dim),
+                                 self._topo, replicated, key)
+        return missing, unexpected
+
+
+def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None) -> ShardedEmbeddingBagCollection:
+    """Shard ``ebc`` over ``mesh`` (default: all ranks of the default process group) per ``plan``.
+
+    The unsharded weights are copied into the shards (nothing is re-initialised). ``optimizer`` is
+    fused into backward, e.g. ``functools.partial(torch.optim.Adagrad, lr=0.1)``.
+
+    Example:
+        >>> sharded = shard(ebc, {"t0": table_wise(0), "t1": row_wise()},
+        ...                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))   # doctest: +SKIP
+        >>> sharded(local_kjt).values().sum().backward()                          # doctest: +SKIP
+    """
+    if not isinstance(ebc, EmbeddingBagCollection):
+        raise TypeError(f"shard() expects an EmbeddingBagCollection, got {type(ebc).__name__}")
+    _check_plan(ebc, plan)
+    topo = Topology.from_mesh(mesh)
+    return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer)

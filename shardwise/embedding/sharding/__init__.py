@@ -1,0 +1,15 @@
+"""One module per sharding type; each supplies a layout and a factory of its three stages."""
+
+from ..plan import ShardingType
+from . import column_wise, data_parallel, row_wise, table_row_wise, table_wise
+from .base import Sharder, Stages
+
+SHARDERS: dict = {
+    ShardingType.DATA_PARALLEL: data_parallel.SHARDER,
+    ShardingType.TABLE_WISE: table_wise.SHARDER,
+    ShardingType.ROW_WISE: row_wise.SHARDER,
+    ShardingType.COLUMN_WISE: column_wise.SHARDER,
+    ShardingType.TABLE_ROW_WISE: table_row_wise.SHARDER,
+}
+
+__all__ = ["SHARDERS", "Sharder", "Stages"]

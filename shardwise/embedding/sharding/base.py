@@ -1,0 +1,42 @@
+"""What each sharding type supplies: a layout (table -> shard boxes) and a factory of the three stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..plan import ParameterSharding, ShardBox, chunk_sizes
+
+__all__ = ["Sharder", "Stages", "check_rank", "row_blocks"]
+
+
+@dataclass(frozen=True)
+class Stages:
+    input_dist: Callable
+    lookup: Callable
+    output_dist: Callable
+
+
+@dataclass(frozen=True)
+class Sharder:
+    """``layout(config, sharding, topology) -> [ShardBox]``;
+    ``build(routing, topology, store, anchor, weighted, dtype) -> Stages``."""
+
+    layout: Callable
+    build: Callable
+    local_only: bool = False        # routing keeps ids on their own rank (data parallel)
+    replicated: bool = False        # every rank holds the whole table; gradients are all-reduced
+
+
+def check_rank(rank: int, table: str, world: int, what: str) -> None:
+    if rank >= world:
+        raise ValueError(f"table {table!r}: {what} names rank {rank} but the mesh has {world} ranks "
+                         f"(0..{world - 1}); pick a rank in range")
+
+
+def row_blocks(table, ranks) -> list[ShardBox]:
+    """torch.chunk row blocks of ``table`` over ``ranks`` (trailing blocks short or empty)."""
+    return [ShardBox(table.name, r, off, size, 0, table.embedding_dim)
+            for r, (off, size) in zip(ranks, chunk_sizes(table.num_embeddings, len(ranks)))]
+
+

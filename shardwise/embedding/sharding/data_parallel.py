@@ -1,0 +1,21 @@
+"""Data-parallel: the whole table on every rank; lookups stay local and the backward all-reduces
+the touched rows' gradients so every replica applies the same update."""
+
+from __future__ import annotations
+
+from ..plan import ShardBox
+from ..stages import GroupedLookup, InputDist, LocalOutputDist
+from .base import Sharder, Stages
+
+
+def layout(table, ps, topo) -> list[ShardBox]:
+    return [ShardBox(table.name, r, 0, table.num_embeddings, 0, table.embedding_dim)
+            for r in range(topo.world_size)]
+
+
+def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
+    return Stages(InputDist(routing, topo, weighted, exchange=False), GroupedLookup(store, anchor),
+                  LocalOutputDist(routing, topo, anchor, dtype))
+
+
+SHARDER = Sharder(layout, build, local_only=True, replicated=True)

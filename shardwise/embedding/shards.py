@@ -1,0 +1,126 @@
+"""Local shard storage: one buffer per column width, plus the fused lookup/update autograd Function."""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .plan import ShardBox
+
+__all__ = ["local_layout", "ShardStore", "FusedLookup"]
+
+
+def local_layout(boxes: Sequence[ShardBox], rank: int) -> tuple[list[int], dict[int, tuple[int, int]]]:
+    """Where each of ``rank``'s boxes lives: (widths, {box index: (width index, base row)}).
+
+    Boxes of equal column width share one buffer (stacked in box order), so one embedding_bag call
+    serves all of them. Any rank can compute any other rank's layout: it depends only on the boxes.
+    """
+    mine = [(i, b) for i, b in enumerate(boxes) if b.rank == rank]
+    widths = sorted({b.col_size for _, b in mine})
+    loc, next_row = {}, [0] * len(widths)
+    for i, b in mine:
+        w = widths.index(b.col_size)
+        loc[i] = (w, next_row[w])
+        next_row[w] += b.row_size
+    return widths, loc
+
+
+class ShardStore:
+    """This rank's shards of a group of tables, with the fused optimizer's state.
+
+    ``sync_group`` (data-parallel replicas) sums gradients over ranks before the update.
+    """
+
+    def __init__(self, boxes: Sequence[ShardBox], rank: int, full_weights: dict, device, rule=None,
+                 hp: Optional[dict] = None, sync_group=None):
+        self.boxes = list(boxes)
+        self.widths, self.loc = local_layout(self.boxes, rank)
+        rows = [0] * len(self.widths)
+        for w, base in self.loc.values():
+            rows[w] = max(rows[w], base)
+        for i, (w, base) in self.loc.items():
+            rows[w] = max(rows[w], base + self.boxes[i].row_size)
+        dtype = next(iter(full_weights.values())).dtype
+        self.buffers = [torch.empty(r, c, dtype=dtype, device=device) for r, c in zip(rows, self.widths)]
+        with torch.no_grad():
+            for i, (w, base) in self.loc.items():
+                b = self.boxes[i]
+                src = full_weights[b.table][b.row_offset:b.row_offset + b.row_size,
+                                            b.col_offset:b.col_offset + b.col_size]
+                self.buffers[w][base:base + b.row_size].copy_(src)
+        self.rule, self.hp, self.sync_group = rule, hp or {}, sync_group
+        self.steps = [0] * len(self.widths)
+        self.states = [self._init_state(buf) for buf in self.buffers]
+
+    def _init_state(self, buf: torch.Tensor) -> dict:
+        if self.rule is None:
+            return {}
+        fills = self.rule.init_values(self.hp)
+        out = {}
+        for name, kind in self.rule.state_shapes.items():
+            shape = buf.shape if kind == "elem" else buf.shape[:1]
+            out[name] = torch.full(shape, float(fills[name]), dtype=buf.dtype, device=buf.device)
+        return out
+
+    def box_view(self, i: int, what: Optional[str] = None) -> torch.Tensor:
+        """The rows of box ``i`` in the weight buffer (``what=None``) or in an optimizer state buffer."""
+        w, base = self.loc[i]
+        src = self.buffers[w] if what is None else self.states[w][what]
+        return src[base:base + self.boxes[i].row_size]
+
+    @torch.no_grad()
+    def apply_gradient(self, w: int, ids: torch.Tensor, grads: torch.Tensor) -> None:
+        """Sparse optimizer step on buffer ``w`` from per-id gradient rows (duplicates are summed)."""
+        if self.rule is None:
+            return
+        if self.sync_group is not None:
+            rows, grad_rows = self._summed_over_ranks(w, ids, grads)
+        else:
+            rows, inverse = torch.unique(ids, return_inverse=True)
+            grad_rows = grads.new_zeros(rows.numel(), grads.shape[1]).index_add_(0, inverse, grads)
+        self.steps[w] += 1
+        state = self.states[w]
+        state["step"] = self.steps[w]
+        self.rule.update(self.buffers[w], state, rows, grad_rows, self.hp)
+        del state["step"]
+
+    def _summed_over_ranks(self, w: int, ids: torch.Tensor, grads: torch.Tensor):
+        # Replicas must apply the same update: all-reduce a dense [rows, dim + 1] buffer whose last
+        # column counts touches, so "touched anywhere" is decided from shared data.
+        buf = self.buffers[w]
+        dense = grads.new_zeros(buf.shape[0], buf.shape[1] + 1)
+        dense[:, :-1].index_add_(0, ids, grads)
+        dense[:, -1].index_add_(0, ids, torch.ones_like(ids, dtype=grads.dtype))
+        dist.all_reduce(dense, group=self.sync_group)
+        rows = torch.nonzero(dense[:, -1] > 0).flatten()
+        return rows, dense[rows, :-1]
+
+
+class FusedLookup(torch.autograd.Function):
+    """Pooled lookup in one shard buffer whose backward applies the optimizer to the touched rows.
+
+    Returns no weight gradient: the update happens here, on the local shard, during backward.
+    """
+
+    @staticmethod
+    def forward(ctx, anchor, store: ShardStore, w: int, ids, offsets, psw):
+        ctx.store, ctx.w = store, w
+        ctx.save_for_backward(ids, offsets, psw)
+        return F.embedding_bag(ids, store.buffers[w], offsets, mode="sum", per_sample_weights=psw,
+                               include_last_offset=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ids, offsets, psw = ctx.saved_tensors
+        lengths = offsets[1:] - offsets[:-1]
+        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
+                                      output_size=ids.numel())
+        g = grad.index_select(0, bag)
+        if psw is not None:
+            g = g * psw.unsqueeze(1)
+        ctx.store.apply_gradient(ctx.w, ids, g)
+        return None, None, None, None, None, None

@@ -1,0 +1,62 @@
+"""Who is where: process group, rank, device and host grouping for a sharded collection."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Topology"]
+
+
+def _device_for(device_type: str) -> torch.device:
+    if device_type == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device_type)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Process group + the mesh it came from; ``hosts`` lists the ranks of each host (row of a 2-D mesh).
+
+    Ranks here are ranks within ``group``.
+    """
+
+    group: Any
+    mesh: Any
+    rank: int
+    world_size: int
+    device: torch.device
+    hosts: tuple
+
+    @staticmethod
+    def from_mesh(mesh: Optional[Any]) -> "Topology":
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("shard() needs an initialised torch.distributed process group; "
+                               "call dist.init_process_group first")
+        if mesh is None:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            backend = dist.get_backend()
+            device_type = "cuda" if backend == "nccl" else "cpu"
+            mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+        if not hasattr(mesh, "ndim") or not hasattr(mesh, "device_type"):
+            raise TypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
+        ranks = mesh.mesh.flatten().tolist()
+        if mesh.ndim == 1:
+            group = mesh.get_group()
+        elif mesh.ndim == 2:
+            if ranks != list(range(dist.get_world_size())):
+                raise ValueError(f"a 2-D mesh (hosts x ranks per host) must cover ranks 0..world-1 in order, "
+                                 f"got {ranks}; build it with init_device_mesh(type, (hosts, per_host))")
+            group = dist.group.WORLD
+        else:
+            raise ValueError(f"mesh must be 1-D (ranks) or 2-D (hosts x ranks per host), got {mesh.ndim}-D")
+        # Group ranks are positions in the flattened mesh, so host rows translate directly.
+        pos = {g: i for i, g in enumerate(ranks)}
+        rows = mesh.mesh.tolist() if mesh.ndim == 2 else [ranks]
+        hosts = tuple(tuple(pos[g] for g in row) for row in rows)
+        return Topology(group=group, mesh=mesh, rank=dist.get_rank(group), world_size=len(ranks),
+                        device=_device_for(mesh.device_type), hosts=hosts)
