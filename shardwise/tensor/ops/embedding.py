@@ -1,0 +1,249 @@
+"""Embedding lookups (forward, dense backward, max-norm renorm) on sharded tables.
+
+Layouts, per mesh dimension (weight, ids -> output):
+
+* ``Shard(0), Replicate -> MaskPartial``: row-wise. Each rank rebases the ids to its own row block,
+  looks up the ids it owns and writes zero rows for the others, so the output is an ordinary pending
+  sum (one all-reduce or reduce-scatter when reduced). No mask is kept anywhere.
+* ``Shard(1), Replicate -> Shard(-1)``: column-wise, no communication.
+* ``Replicate, Shard(d) -> Shard(d)``: ids (batch) sharded, no communication.
+
+The dense backward mirrors them: a row-wise table's gradient is ``Shard(0)`` computed locally from the
+replicated ids and output gradient (no full-size table gradient, no communication). Ids are checked
+against ``num_embeddings`` on every rank from data all ranks share, so all ranks raise together;
+:func:`embedding_index_check` switches the check off for speed.
+
+>>> w = distribute_tensor(torch.randn(10, 4), mesh, [Shard(0)])             # doctest: +SKIP
+>>> ids = distribute_tensor(torch.tensor([1, 9, 1]), mesh, [Replicate()])  # doctest: +SKIP
+>>> out = F.embedding(ids, w)             # MaskPartial: no communication yet  # doctest: +SKIP
+>>> out.full_tensor()                     # one all-reduce                     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+from torch.ops import aten
+
+from ..collectives import all_reduce
+from ..placements import MaskPartial, Partial, Shard
+from ..propagation.propagator import Decision, choose_layout
+from ..propagation.registry import RuleEntry, register_rule
+from ..propagation.schema import LocalPlan, Strategy
+from ..spec import local_shape_and_offset
+from .common import LINEAR_PARTIALS, PSUM, R
+
+__all__ = ["EmbeddingIndexError", "embedding_index_check", "rowwise_lookup"]
+
+
+class EmbeddingIndexError(IndexError, ValueError):
+    """An id outside ``[0, num_embeddings)``; an IndexError like unsharded ``F.embedding``'s."""
+
+
+class _Check:
+    """Whether lookups validate their ids (read at run time, so cached plans follow the switch)."""
+
+    enabled = True
+
+
+@contextlib.contextmanager
+def embedding_index_check(enabled: bool):
+    """Turn the id range check of sharded lookups on or off inside a ``with`` block.
+
+    The check costs a min/max over the ids (plus a one-element all-reduce when the ids are sharded).
+    Without it an out-of-range id of a row-wise table silently reads a zero row.
+
+    >>> with embedding_index_check(False):     # doctest: +SKIP
+    ...     out = F.embedding(ids, w)
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"embedding_index_check(enabled={enabled!r}): pass True or False")
+    prev, _Check.enabled = _Check.enabled, enabled
+    try:
+        yield
+    finally:
+        _Check.enabled = prev
+
+
+def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> None:
+    """Raise EmbeddingIndexError on every rank when any id (on any rank) is out of range."""
+    if ids.numel():
+        lo, hi = torch.aminmax(ids)
+        bad = torch.stack([-lo, hi - (num_embeddings - 1)]).clamp_min(0)
+    else:
+        bad = torch.zeros(2, dtype=torch.long, device=ids.device)
+    for m in sharded_dims:  # ranks holding different ids agree on the verdict
+        bad = all_reduce(bad, "max", mesh, m)
+    neg, over = (int(v) for v in bad.tolist())
+    if neg or over:
+        value = -neg if neg else num_embeddings - 1 + over
+        raise EmbeddingIndexError(
+            f"embedding: id {value} is out of range for a table of num_embeddings={num_embeddings}; "
+            f"ids must lie in [0, {num_embeddings - 1}]. Fix the ids (or the table size); "
+            "nothing was looked up or modified"
+        )
+
+
+def rowwise_lookup(weight: torch.Tensor, ids: torch.Tensor, offset: int) -> torch.Tensor:
+    """Look up global ``ids`` in a row block ``weight`` holding rows ``[offset, offset + len)``; ids
+    owned elsewhere give zero rows (multiplying by a 0/1 mask is ~10x faster than masked_fill_).
+
+    >>> rowwise_lookup(torch.ones(2, 3), torch.tensor([0, 5, 6]), 5)[:, 0]
+    tensor([0., 1., 1.])
+    """
+    rows = weight.shape[0]
+    if rows == 0:
+        return weight.new_zeros((*ids.shape, weight.shape[1]))
+    local = ids - offset if offset else ids
+    owned = (local >= 0) & (local < rows)
+    out = aten.embedding.default(weight, local.clamp(0, rows - 1))
+    return out.mul_(owned.unsqueeze(-1))
+
+
+# --- forward ----------------------------------------------------------------------------------
+
+def _embedding_strategies(schema, mesh_size) -> list[Strategy]:
+    weight, ids = schema.tensor_args[0], schema.tensor_args[1]
+    v = weight.shape[0]
+    st = [
+        Strategy((R,), (R, R)),
+        Strategy((MaskPartial(v, 0),), (Shard(0), R)),
+        Strategy((Shard(ids.ndim),), (Shard(1), R)),
+    ]
+    st += [Strategy((Shard(d),), (R, Shard(d))) for d in range(ids.ndim)]
+    st += [Strategy((p,), (p, R)) for p in LINEAR_PARTIALS]
+    return st
+
+
+def _validate_options(schema) -> None:
+    scale, sparse = schema.arg(3, "scale_grad_by_freq", False), schema.arg(4, "sparse", False)
+    if sparse:
+        raise ValueError(
+            "embedding(sparse=True) is not supported on a DTensor table (sharded tables keep dense, "
+            "locally computed gradients); use sparse=False"
+        )
+    if schema.tensor_args[0].ndim != 2:
+        raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape "
+                         f"{tuple(schema.tensor_args[0].shape)}")
+    del scale  # supported: each rank sees the ids it counts (see the backward rule)
+
+
+def embedding_rule(schema, mesh_shape) -> Decision:
+    """Whole-mesh rule: per-dim strategies, then MaskPartial names the mesh dim it sums over."""
+    _validate_options(schema)
+    d = choose_layout(schema, RuleEntry(_embedding_strategies), mesh_shape, False)
+    d.outputs = [
+        None if o is None else tuple(
+            MaskPartial(p.num_embeddings, m) if isinstance(p, MaskPartial) else p for m, p in enumerate(o)
+        )
+        for o in d.outputs
+    ]
+    return d
+
+
+def _layout(schema, decision, i):
+    return decision.inputs[i] or schema.tensor_args[i].placements
+
+
+def _row_block(shape, mesh, coord, placements) -> tuple[int, bool]:
+    """(first global row, whether any mesh dim splits rows) of this rank's block."""
+    _, offset = local_shape_and_offset(shape, tuple(mesh.shape), coord, placements)
+    return offset[0], any(type(p) is Shard and p.dim == 0 for p in placements)
+
+
+def _embedding_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalPlan]:
+    w_pl, ids_pl = _layout(schema, decision, 0), _layout(schema, decision, 1)
+    v = schema.tensor_args[0].shape[0]
+    offset, rowwise = _row_block(schema.tensor_args[0].shape, mesh, coord, w_pl)
+    sharded = tuple(m for m, p in enumerate(ids_pl) if type(p) is Shard)
+
+    def kernel(op, args, kwargs):
+        weight, ids = args[0], args[1]
+        if _Check.enabled:
+            _check_ids(ids, v, mesh, sharded)
+        if rowwise:
+            return rowwise_lookup(weight, ids, offset)
+        return op(*args, **kwargs)
+
+    return LocalPlan(kernel=kernel)
+
+
+register_rule(aten.embedding.default, local=_embedding_local, whole_mesh=True)(embedding_rule)
+
+
+# --- backward ---------------------------------------------------------------------------------
+
+@register_rule(aten.embedding_dense_backward.default)
+def embedding_backward_rule(schema, mesh_size):
+    # (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) -> grad_weight
+    grad, ids = schema.tensor_args[0], schema.tensor_args[1]
+    scale = schema.arg(4, "scale_grad_by_freq", False)
+    # row-wise first: with replicated ids and gradient it ties with Replicate, and a sharded table's
+    # gradient must stay sharded (a replicated table still gets a correct, sharded gradient)
+    st = [
+        Strategy((Shard(0),), (R, R)),
+        Strategy((R,), (R, R)),
+        Strategy((Shard(1),), (Shard(grad.ndim - 1), R)),
+    ]
+    if not scale:  # frequencies need every id: sharded ids would count only a local share
+        st += [Strategy((PSUM,), (Shard(d), Shard(d))) for d in range(ids.ndim)]
+    st += [Strategy((p,), (p, R)) for p in LINEAR_PARTIALS]
+    return st
+
+
+def _backward_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalPlan]:
+    spec = out_specs[0]
+    offset, rowwise = _row_block(spec.shape, mesh, coord, spec.placements)
+    if not rowwise:
+        return None
+    rows = spec.local_shape(coord)[0]
+    pad = schema.arg(3, "padding_idx", -1)
+    local_pad = pad - offset if pad >= 0 and offset <= pad < offset + rows else -1
+
+    def kernel(op, args, kwargs):
+        grad, ids, _, _, scale = args[:5]
+        # ids owned elsewhere land on one extra scratch row, dropped afterwards
+        local = (ids - offset) if offset else ids
+        local = torch.where((local >= 0) & (local < rows), local, rows)
+        out = op(grad, local, rows + 1, local_pad, scale)
+        return out[:rows]
+
+    return LocalPlan(kernel=kernel)
+
+
+register_rule(aten.embedding_dense_backward.default, local=_backward_local)(embedding_backward_rule)
+
+
+# --- max_norm ---------------------------------------------------------------------------------
+
+def _renorm_rule(schema, mesh_size):
+    # (weight!, ids, max_norm, norm_type): a row's norm needs the whole row, so no column sharding
+    if any(type(p) is Shard and p.dim == 1 for p in schema.tensor_args[0].placements or ()):
+        raise ValueError(
+            "embedding(max_norm=...) on a column-wise (Shard(1)) table: a row's norm spans every rank's "
+            "columns; use max_norm=None or shard the table row-wise (Shard(0))"
+        )
+    return [Strategy((Shard(0),), (Shard(0), R)), Strategy((R,), (R, R))]
+
+
+def _renorm_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalPlan]:
+    w = schema.tensor_args[0]
+    v = w.shape[0]
+    offset, rowwise = _row_block(w.shape, mesh, coord, w.placements)
+    rows = out_specs[0].local_shape(coord)[0]
+
+    def kernel(op, args, kwargs):
+        weight, ids = args[0], args[1]
+        if _Check.enabled:
+            _check_ids(ids, v, mesh, ())
+        if rowwise:
+            local = ids - offset
+            ids = local[(local >= 0) & (local < rows)]
+        return op(weight, ids, *args[2:], **kwargs)
+
+    return LocalPlan(kernel=kernel)
+
+
+register_rule(aten.embedding_renorm_.default, local=_renorm_local)(_renorm_rule)
