@@ -84,7 +84,11 @@ class CompiledStep:
             )
         spec = optim_spec(optimizer)
         local = self.mode.local_batch(batch)
+        joint = None
         if self._owner is None:
+            # Trace before touching the model: a step that cannot be traced
+            # fails with the model and optimizer unchanged.
+            joint = self._trace_joint(model, optimizer, local)
             self.state = self.mode.setup(model, optimizer, spec)
             self._owner = (id(model), id(optimizer))
         elif self._owner != (id(model), id(optimizer)):
@@ -96,7 +100,8 @@ class CompiledStep:
         key = self._guard_key(spec, local)
         entry = self._cache.get(key)
         if entry is None:
-            entry = self._cache[key] = self._trace(model, optimizer, spec, local)
+            joint = joint or self._trace_joint(model, optimizer, local)
+            entry = self._cache[key] = self._build(joint, spec, local)
         self._last = entry
         return self._run(entry, model, optimizer, local)
 
@@ -112,20 +117,23 @@ class CompiledStep:
         stateful = tuple(st.has_state(n) for n in st.names if st.group_of[n] is not None)
         return (spec, str(treespec), tuple(desc), stateful)
 
-    def _trace(self, model, optimizer, spec, local: tuple) -> _Entry:
-        st = self.state
+    def _trace_joint(self, model, optimizer, local: tuple) -> JointGraph:
         fake_mode = FakeTensorMode()
         with fake_mode:
+            # Global shapes; after setup the parameters are DTensors of the same shape.
             fparams = {
-                n: torch.empty(lay.shape, dtype=lay.dtype, device=st.storage[n].device)
-                for n, lay in st.layouts.items()
+                n: torch.empty(p.shape, dtype=p.dtype, device=p.device) for n, p in model.named_parameters()
             }
         fbufs = {n: fake_mode.from_tensor(b) for n, b in model.named_buffers()}
         flocal = pytree.tree_map(
             lambda t: fake_mode.from_tensor(t) if isinstance(t, torch.Tensor) else t, local
         )
         joint = trace_joint(self.fn, model, optimizer, fparams, fbufs, flocal)
-        gm, sig = self.mode.partition(joint, st, spec, local, fake_mode)
+        joint.fake_mode = fake_mode
+        return joint
+
+    def _build(self, joint: JointGraph, spec, local: tuple) -> _Entry:
+        gm, sig = self.mode.partition(joint, self.state, spec, local, joint.fake_mode)
         fn = self.mode.transform_and_compile(gm, self.gm_transformation)
         self.traces += 1
         return _Entry(fn, gm, sig, joint)

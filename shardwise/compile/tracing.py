@@ -48,6 +48,7 @@ class JointGraph:
     out_consts: tuple  # per user output leaf: (is_tensor, constant value or None)
     n_user_out: int
     has_grad: tuple[bool, ...]
+    fake_mode: Any = None  # the FakeTensorMode its meta['val'] tensors belong to
 
 
 class _StepRecorder:

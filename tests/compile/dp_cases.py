@@ -2,31 +2,101 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
 
-from shardwise.compile import DataParallel, collective_summary, compile, format_graph
+from shardwise.compile import DataParallel, collective_summary, compile
+from shardwise.compile.graph_utils import is_collective, is_wait
 from shardwise.testing.harness import worker_mesh
 from tests.compile.models import make_case, make_optimizer
 
 
-def _max_diff(model, ref) -> float:
-    return max((p.full_tensor() - q).abs().max().item() for p, q in zip(model.parameters(), ref.parameters()))
+def _max_diff(params, ref_params) -> float:
+    return max((p.full_tensor() - q.detach()).abs().max().item() for p, q in zip(params, ref_params))
 
 
-def train_vs_single(rank, world, style, opt_name, model_name, steps=5, print_graph=False, **mode_kw):
-    """Train compiled DP and single-process on the global batch; return diffs after each step."""
+def _local_numels(step, opt) -> dict:
+    st = step.state
+    return {
+        "params": sum(st.storage[n].numel() for n in st.names),
+        "expected": sum(
+            math.ceil(lay.shape[0] / lay.world) * math.prod(lay.shape[1:]) if lay.sharded else math.prod(lay.shape)
+            for lay in st.layouts.values()
+        ),
+        "total": sum(math.prod(lay.shape) for lay in st.layouts.values()),
+        "rows": {n: (tuple(st.storage[n].shape), st.layouts[n].sharded) for n in st.names},
+        "state": {n: {k: tuple(v.shape) for k, v in st.states[n].items()} for n in st.names},
+        "placements": sorted({str(p.placements) for p in st.params.values()}),
+        "opt_state_types": sorted({type(v).__name__ for s in opt.state.values() for v in s.values()}),
+    }
+
+
+def train_matrix(rank, world, combos, steps=5, **mode_kw):
+    """For each (model, style, optimizer): compiled DP vs single process vs eager DDP."""
     mesh = worker_mesh((world,))
-    model, fn, batches = make_case(model_name, 4 * world)
-    ref = copy.deepcopy(model)
-    ref_opt = make_optimizer(opt_name, ref.parameters())
-    opt = make_optimizer(opt_name, model.parameters())
-    step = compile(parallel_mode=DataParallel(mesh, style=style, **mode_kw))(fn)
-    out = []
-    for x, y in batches[:steps]:
-        loss = step(model, opt, x, y)
-        ref_loss = fn(ref, ref_opt, x, y)
-        out.append((abs(float(loss - ref_loss)), _max_diff(model, ref)))
-    if print_graph and rank == 0:
-        print(format_graph(step.graph))
-    return {"diffs": out, "traces": step.traces, "collectives": collective_summary(step.graph)}
+    results = []
+    for model_name, style, opt_name in combos:
+        model, fn, batches = make_case(model_name, 4 * world)
+        ref, ddp = copy.deepcopy(model), DDP(copy.deepcopy(model), process_group=mesh.get_group())
+        ref_opt, ddp_opt = make_optimizer(opt_name, ref.parameters()), make_optimizer(opt_name, ddp.parameters())
+        opt = make_optimizer(opt_name, model.parameters())
+        step = compile(parallel_mode=DataParallel(mesh, style=style, **mode_kw))(fn)
+        rec = {"combo": (model_name, style, opt_name), "single": [], "ddp": [], "loss": []}
+        for x, y in batches[:steps]:
+            loss = step(model, opt, x, y)
+            ref_loss = fn(ref, ref_opt, x, y)
+            fn(ddp, ddp_opt, x.chunk(world)[rank], y.chunk(world)[rank])
+            # the step returns this rank's loss; their mean is the global-batch loss
+            mean_loss = loss.detach().clone()
+            torch.distributed.all_reduce(mean_loss, group=mesh.get_group())
+            rec["loss"].append(abs(mean_loss.item() / world - ref_loss.item()))
+            rec["single"].append(_max_diff(list(model.parameters()), list(ref.parameters())))
+            rec["ddp"].append(_max_diff(list(model.parameters()), list(ddp.module.parameters())))
+        rec["traces"] = step.traces
+        rec["collectives"] = collective_summary(step.graph)
+        rec["numels"] = _local_numels(step, opt)
+        rec["graph"] = graph_checks(step.graph)
+        results.append(rec)
+    return results
+
+
+def graph_checks(gm) -> dict:
+    """Structural facts about a per-rank graph, checked by the tests."""
+    nodes = list(gm.graph.nodes)
+    pos = {n: i for i, n in enumerate(nodes)}
+    waits_ok = all(n.next in n.users for n in nodes if is_wait(n))
+    bwd_start = next((pos[n] for n in nodes if n.meta.get("sw_region") == "backward"), len(nodes))
+    # every value computed from a forward all-gather must be dead before the backward starts
+    fwd = {n for n in nodes if is_collective(n) and n.meta.get("sw_role") == "gather_fwd"}
+    frontier, live_end = list(fwd), -1
+    seen = set(fwd)
+    while frontier:
+        n = frontier.pop()
+        for u in n.users:
+            live_end = max(live_end, pos[u])
+            if u not in seen and u.meta.get("sw_region") != "backward" and u.op != "output" and (
+                    u.meta.get("sw_role") == "gather_fwd" or all(i in seen for i in u.all_input_nodes)):
+                seen.add(u)
+                frontier.append(u)
+    return {"waits_before_first_use": waits_ok, "fwd_gather_dead_before_bwd": live_end < bwd_start,
+            "bwd_gathers": sum(1 for n in nodes if is_collective(n) and n.meta.get("sw_role") == "gather_bwd")}
+
+
+def bucketing_pair(rank, world, model_name, style, opt_name):
+    """Same training with per-parameter collectives and with buckets."""
+    mesh = worker_mesh((world,))
+    out = {}
+    finals = []
+    for cap in (0, 1 << 20):
+        model, fn, batches = make_case(model_name, 4 * world)
+        opt = make_optimizer(opt_name, model.parameters())
+        step = compile(parallel_mode=DataParallel(mesh, style=style, bucket_cap_bytes=cap,
+                                                  gather_bucket_cap_bytes=cap))(fn)
+        for x, y in batches[:3]:
+            step(model, opt, x, y)
+        out[cap] = collective_summary(step.graph)
+        finals.append([p.full_tensor() for p in model.parameters()])
+    out["max_diff"] = max((a - b).abs().max().item() for a, b in zip(*finals))
+    return out
