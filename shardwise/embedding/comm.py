@@ -37,7 +37,7 @@ class ReduceScatter(torch.autograd.Function):
     def forward(ctx, anchor, send, world, group):
         ctx.world, ctx.group = world, group
         out = send.new_empty(send.shape[0] // world)
-        dist.reduce_scatter_tensor(out, send.contiguous(), group=group)
+        dist.reduce_scatter_single(out, send.contiguous(), group=group)
         return out
 
     @staticmethod

@@ -48,12 +48,14 @@ def make_batch(seed: int, batch: int, weighted: bool, drop=()) -> KeyedJaggedTen
     return KeyedJaggedTensor(keys, values, lengths=lengths, weights=weights, stride=batch)
 
 
-def rank_batches(world: int, step: int, weighted: bool, seed: int = 0) -> list[KeyedJaggedTensor]:
+def rank_batches(world: int, step: int, weighted: bool, seed: int = 0,
+                 equal_batches: bool = False) -> list[KeyedJaggedTensor]:
     """Every rank's local batch for one step (different sizes and absent features per rank)."""
     out = []
     for r in range(world):
         drop = ("fb",) if (r + step) % 3 == 1 else ()
-        out.append(make_batch(1000 * seed + 100 * step + r, 2 + (r + step) % 3, weighted, drop))
+        size = 3 if equal_batches else 2 + (r + step) % 3
+        out.append(make_batch(1000 * seed + 100 * step + r, size, weighted, drop))
     return out
 
 
@@ -83,12 +85,12 @@ def plans(world: int, mesh_hosts: int = 1) -> dict:
     return out
 
 
-def reference_train(ebc, optimizer, world: int, steps: int, weighted: bool):
+def reference_train(ebc, optimizer, world: int, steps: int, weighted: bool, equal_batches: bool = False):
     """The unsharded module trained on the global batch (per-rank losses summed) with a dense torch optimizer."""
     ref = copy.deepcopy(ebc)
     opt = optimizer(ref.parameters())
     for step in range(steps):
-        batches = rank_batches(world, step, weighted)
+        batches = rank_batches(world, step, weighted, equal_batches=equal_batches)
         tgts = targets(world, step, [b.stride() for b in batches], sum(d * len(f) for _, _, d, f, _ in TABLES))
         opt.zero_grad()
         loss = sum(loss_fn(ref(b), t) for b, t in zip(batches, tgts))

@@ -56,3 +56,85 @@ def train_all_plans(rank, world, hosts, plan_names, cases, steps=3):
                 err = max(err, (full - w).abs().max().item())
             errors[(name, optimizer.func.__name__, weighted)] = (err, moved)
     return errors
+
+
+def reduce_scatter_path(rank, world):
+    """Row-wise output through reduce_scatter (the NCCL path), forced on gloo, forward + training."""
+    mesh = mesh_for(world, 1)
+    ebc = common.make_ebc(seed=3)
+    plan = {n: common.row_wise() for n, *_ in common.TABLES}
+    sharded = shard(ebc, plan, mesh=mesh, optimizer=common.ADAGRAD)
+    dist_stage = sharded._groups[0].stages.output_dist
+    assert sharded._groups[0].routing.uniform()
+    dist_stage.enabled = True   # normally only on CUDA, where reduce-scatter beats all-to-all
+    want = common.reference_train(ebc, common.ADAGRAD, world, 2, False, equal_batches=True)
+    fwd_err = 0.0
+    for step in range(2):
+        batches = common.rank_batches(world, step, False, equal_batches=True)
+        out = sharded(batches[rank])
+        if step == 0:
+            fwd_err = (out.values() - ebc(batches[rank]).values()).abs().max().item()
+        tgts = common.targets(world, step, [b.stride() for b in batches],
+                              sum(d * len(f) for _, _, d, f, _ in common.TABLES))
+        common.loss_fn(out, tgts[rank]).backward()
+    sd = sharded.state_dict()
+    err = max((sd[f"embedding_bags.{t}.weight"].full_tensor() - w).abs().max().item() for t, w in want.items())
+    return fwd_err, err
+
+
+def state_round_trip(rank, world, ckpt_dir):
+    """state_dict / load_state_dict (same plan, other plan, plain tensors), optimizer state, and a
+    torch.distributed.checkpoint save/load; returns named max errors (all must be ~0)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    mesh = mesh_for(world, 1)
+    errs = {}
+    for name in ["table_wise", "row_wise", "column_wise", "data_parallel", "mixed"]:
+        plan = common.plans(world)[name]
+        a = shard(common.make_ebc(seed=4), plan, mesh=mesh, optimizer=common.ADAGRAD)
+        _train(a, rank, world, steps=1)
+        sd, osd = a.state_dict(), a.fused_optimizer.state_dict()
+        full = {k: v.full_tensor() for k, v in sd.items()}
+        b = shard(common.make_ebc(seed=5), plan, mesh=mesh, optimizer=common.ADAGRAD)
+        b.load_state_dict(sd)
+        b.fused_optimizer.load_state_dict(osd)
+        errs[(name, "same plan")] = _max_diff(full, b.state_dict())
+        other = shard(common.make_ebc(seed=6), common.plans(world)["mixed2"], mesh=mesh)
+        other.load_state_dict(sd)
+        errs[(name, "other plan")] = _max_diff(full, other.state_dict())
+        plain = shard(common.make_ebc(seed=7), plan, mesh=mesh)
+        plain.load_state_dict(full)
+        errs[(name, "plain tensors")] = _max_diff(full, plain.state_dict())
+        _train(a, rank, world, steps=1, first=1)
+        _train(b, rank, world, steps=1, first=1)
+        errs[(name, "optimizer state")] = _max_diff({k: v.full_tensor() for k, v in a.state_dict().items()},
+                                                    b.state_dict())
+        path = f"{ckpt_dir}/{name}"
+        dcp.save({"model": a.state_dict(), "optim": a.fused_optimizer.state_dict()}, checkpoint_id=path)
+        c = shard(common.make_ebc(seed=8), plan, mesh=mesh, optimizer=common.ADAGRAD)
+        target = {"model": c.state_dict(), "optim": c.fused_optimizer.state_dict()}
+        dcp.load(target, checkpoint_id=path)
+        c.load_state_dict(target["model"])
+        c.fused_optimizer.load_state_dict(target["optim"])
+        errs[(name, "dcp weights")] = _max_diff({k: v.full_tensor() for k, v in a.state_dict().items()},
+                                                c.state_dict())
+        _train(a, rank, world, steps=1, first=2)
+        _train(c, rank, world, steps=1, first=2)
+        errs[(name, "dcp then train")] = _max_diff({k: v.full_tensor() for k, v in a.state_dict().items()},
+                                                   c.state_dict())
+        errs[(name, "moved")] = -_max_diff(full, a.state_dict())  # negative: must have trained
+    del torch
+    return errs
+
+
+def _train(sharded, rank, world, steps, first=0):
+    for step in range(first, first + steps):
+        batches = common.rank_batches(world, step, False)
+        tgts = common.targets(world, step, [b.stride() for b in batches],
+                              sum(d * len(f) for _, _, d, f, _ in common.TABLES))
+        common.loss_fn(sharded(batches[rank]), tgts[rank]).backward()
+
+
+def _max_diff(full: dict, sd: dict) -> float:
+    return max((sd[k].full_tensor() - v).abs().max().item() for k, v in full.items())
