@@ -22,6 +22,7 @@ against ``num_embeddings`` on every rank from data all ranks share, so all ranks
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Optional
 
 import torch
@@ -175,9 +176,7 @@ register_rule(aten.embedding.default, local=_embedding_local, whole_mesh=True)(e
 
 # --- backward ---------------------------------------------------------------------------------
 
-@register_rule(aten.embedding_dense_backward.default)
-def embedding_backward_rule(schema, mesh_size):
-    # (grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) -> grad_weight
+def _backward_strategies(schema, mesh_size) -> list[Strategy]:
     grad, ids = schema.tensor_args[0], schema.tensor_args[1]
     scale = schema.arg(4, "scale_grad_by_freq", False)
     # row-wise first: with replicated ids and gradient it ties with Replicate, and a sharded table's
@@ -189,8 +188,24 @@ def embedding_backward_rule(schema, mesh_size):
     ]
     if not scale:  # frequencies need every id: sharded ids would count only a local share
         st += [Strategy((PSUM,), (Shard(d), Shard(d))) for d in range(ids.ndim)]
-    st += [Strategy((p,), (p, R)) for p in LINEAR_PARTIALS]
     return st
+
+
+def embedding_backward_rule(schema, mesh_shape) -> Decision:
+    """(grad_output, indices, num_weights, padding_idx, scale_grad_by_freq) -> grad_weight.
+
+    A pending (Partial) output gradient is reduced first, then handled like a replicated one: an
+    all-reduce of ``ids x dim`` values beats leaving a pending ``num_embeddings x dim`` gradient."""
+    grad = schema.tensor_args[0]
+    pending = grad.placements is not None and any(isinstance(p, Partial) for p in grad.placements)
+    if not pending:
+        return choose_layout(schema, RuleEntry(_backward_strategies), mesh_shape, False)
+    reduced = tuple(R if isinstance(p, Partial) else p for p in grad.placements)
+    as_reduced = replace(schema, tensor_args=[replace(grad, placements=reduced)] + schema.tensor_args[1:])
+    d = choose_layout(as_reduced, RuleEntry(_backward_strategies), mesh_shape, False)
+    if d.inputs[0] is None:
+        d.inputs[0] = reduced
+    return d
 
 
 def _backward_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalPlan]:
@@ -213,7 +228,7 @@ def _backward_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalP
     return LocalPlan(kernel=kernel)
 
 
-register_rule(aten.embedding_dense_backward.default, local=_backward_local)(embedding_backward_rule)
+register_rule(aten.embedding_dense_backward.default, local=_backward_local, whole_mesh=True)(embedding_backward_rule)
 
 
 # --- max_norm ---------------------------------------------------------------------------------
