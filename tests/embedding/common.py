@@ -101,3 +101,42 @@ def reference_train(ebc, optimizer, world: int, steps: int, weighted: bool, equa
 
 SGD = functools.partial(torch.optim.SGD, lr=0.05)
 ADAGRAD = functools.partial(torch.optim.Adagrad, lr=0.1)
+
+
+def reference_train_touched_rows(ebc, optimizer, world: int, steps: int, weighted: bool):
+    """torch.optim.Adam's own update applied to the rows the global batch touched (what a sparse,
+    fused Adam does): the rows are gathered into a parameter whose state is the rows' state."""
+    ref = copy.deepcopy(ebc)
+    table_of = {f: n for n, _, _, fs, _ in TABLES for f in fs}
+    state = {n: {} for n, *_ in TABLES}
+    for step in range(steps):
+        batches = rank_batches(world, step, weighted)
+        tgts = targets(world, step, [b.stride() for b in batches], sum(d * len(f) for _, _, d, f, _ in TABLES))
+        ref.zero_grad()
+        sum(loss_fn(ref(b), t) for b, t in zip(batches, tgts)).backward()
+        for name, *_ in TABLES:
+            ids = [b[f].values() for b in batches for f in b.keys() if table_of[f] == name]
+            rows = torch.unique(torch.cat(ids)) if ids else torch.zeros(0, dtype=torch.int64)
+            weight = ref.embedding_bags[name].weight
+            piece = torch.nn.Parameter(weight.detach()[rows].clone())
+            opt = optimizer([piece])
+            full = state[name]
+            if full:
+                opt.state[piece] = {"step": torch.tensor(float(full["step"])),
+                                    **{k: v[rows].clone() for k, v in full.items() if k != "step"}}
+            piece.grad = weight.grad[rows].clone()
+            opt.step()
+            with torch.no_grad():
+                weight[rows] = piece.detach()
+            new = opt.state[piece]
+            if not full:
+                full.update({k: torch.zeros_like(weight) for k in new if k != "step"})
+            for k, v in new.items():
+                if k == "step":
+                    full["step"] = int(v.item())
+                else:
+                    full[k][rows] = v
+    return {n: ref.embedding_bags[n].weight.detach().clone() for n, *_ in TABLES}
+
+
+ADAM = functools.partial(torch.optim.Adam, lr=0.05)

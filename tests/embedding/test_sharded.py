@@ -33,3 +33,30 @@ def test_training_matches_dense_optimizer(world, hosts, cases):
         for key, (err, moved) in errors.items():
             assert moved > 1e-3, f"reference did not train for {key}"
             assert err < 1e-5, f"rank {rank} {key}: max weight error {err}"
+
+
+def test_training_adam_and_row_wise_adagrad():
+    # Adam: torch.optim.Adam's own step on the touched rows; RowWiseAdagrad: its dense form.
+    from shardwise.embedding import RowWiseAdagrad
+    import functools
+
+    rwa = functools.partial(RowWiseAdagrad, lr=0.1)
+    no_cw = ["table_wise", "row_wise", "data_parallel", "table_row_wise"]
+    results = run_on_ranks(workers.train_all_plans, 2, 1, no_cw, [(common.ADAM, True), (rwa, False)],
+                           timeout=300.0)
+    for rank, errors in enumerate(results):
+        assert len(errors) == 2 * len(no_cw)
+        for key, (err, moved) in errors.items():
+            assert moved > 1e-3, f"reference did not train for {key}"
+            assert err < 1e-5, f"rank {rank} {key}: max weight error {err}"
+
+
+def test_shard_errors_are_clear_and_identical_on_ranks():
+    results = run_on_ranks(workers.shard_errors, 2)
+    assert results[0] == results[1]
+    msgs = results[0]
+    assert "missing ['t_a']" in msgs["missing"]
+    assert "names rank 2 but the mesh has 2 ranks" in msgs["rank"]
+    assert "host_index=5 but the mesh has 1 host" in msgs["host"]
+    assert "RowWiseAdagrad keeps one accumulator per row" in msgs["rowwise_cw"]
+    assert msgs["type"].startswith("TypeError") and "must be a ParameterSharding" in msgs["type"]

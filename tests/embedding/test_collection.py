@@ -1,0 +1,97 @@
+"""The unsharded EmbeddingBagCollection against per-bag Python loops, and input validation."""
+
+import functools
+
+import pytest
+import torch
+
+from shardwise.embedding import (
+    EmbeddingBagCollection, EmbeddingBagConfig, RowWiseAdagrad, column_wise, row_wise, table_wise,
+)
+from shardwise.embedding.optim import resolve_optimizer
+from shardwise.sparse import KeyedJaggedTensor
+
+from . import common
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_forward_matches_per_bag_loop(weighted):
+    ebc = common.make_ebc(seed=0, weighted=weighted)
+    kjt = common.make_batch(seed=3, batch=4, weighted=weighted, drop=("fc2",))
+    out = ebc(kjt)
+    assert out.keys() == common.all_features()
+    cfg = {f: (n, p) for n, _, _, fs, p in common.TABLES for f in fs}
+    present = kjt.to_dict()
+    for f, block in out.to_dict().items():
+        table, pooling = cfg[f]
+        weight = ebc.embedding_bags[table].weight.detach()
+        for b in range(kjt.stride()):
+            if f not in present:
+                want = torch.zeros(weight.shape[1])
+            else:
+                jt = present[f]
+                lo, hi = jt.offsets()[b].item(), jt.offsets()[b + 1].item()
+                want = torch.zeros(weight.shape[1])
+                for i in range(lo, hi):
+                    w = jt.weights()[i].item() if weighted else 1.0
+                    want += w * weight[jt.values()[i]]
+                if pooling == "mean" and hi > lo:
+                    want /= hi - lo
+            torch.testing.assert_close(block[b].detach(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_unweighted_mean_equals_torch_mean_mode():
+    ebc = common.make_ebc(seed=0)
+    kjt = common.make_batch(seed=5, batch=6, weighted=False)
+    jt = kjt["fb"]
+    want = torch.nn.functional.embedding_bag(jt.values(), ebc.embedding_bags["t_b"].weight, jt.offsets(),
+                                             mode="mean", include_last_offset=True)
+    torch.testing.assert_close(ebc(kjt)["fb"], want)
+
+
+def test_collection_errors():
+    ebc = common.make_ebc(seed=0, weighted=True)
+    with pytest.raises(ValueError, match=r"features \['nope'\] are not looked up"):
+        ebc(KeyedJaggedTensor(["nope"], torch.tensor([1]), lengths=torch.tensor([1]), weights=torch.ones(1)))
+    with pytest.raises(ValueError, match="has no weights"):
+        ebc(KeyedJaggedTensor(["fa1"], torch.tensor([1]), lengths=torch.tensor([1])))
+    a = EmbeddingBagConfig("a", 4, 2, ["f"])
+    with pytest.raises(ValueError, match="feature 'f' is used by tables 'a' and 'b'"):
+        EmbeddingBagCollection([a, EmbeddingBagConfig("b", 4, 2, ["f"])])
+    with pytest.raises(ValueError, match="pooling='max' is not supported"):
+        EmbeddingBagConfig("c", 4, 2, ["g"], pooling="max")
+    with pytest.raises(ValueError, match="num_embeddings=0 must be a positive int"):
+        EmbeddingBagConfig("c", 0, 2, ["g"])
+
+
+def test_plan_helper_errors():
+    with pytest.raises(ValueError, match="must be a non-negative int"):
+        table_wise(-1)
+    with pytest.raises(ValueError, match="repeat a rank"):
+        column_wise([0, 0])
+    with pytest.raises(ValueError, match="needs at least one rank"):
+        row_wise([])
+
+
+def test_optimizer_resolution():
+    rule, hp = resolve_optimizer(functools.partial(torch.optim.Adagrad, lr=0.3))
+    assert rule.name == "Adagrad" and hp["lr"] == 0.3 and hp["eps"] == 1e-10
+    assert resolve_optimizer(RowWiseAdagrad)[0].name == "RowWiseAdagrad"
+    with pytest.raises(ValueError, match="RMSprop cannot be fused.*supported: SGD, Adagrad, Adam"):
+        resolve_optimizer(functools.partial(torch.optim.RMSprop, lr=0.1))
+    with pytest.raises(ValueError, match=r"SGD\(momentum=0.9\) is not supported fused.*use momentum=0"):
+        resolve_optimizer(functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9))
+    with pytest.raises(TypeError, match="must be a torch optimizer class"):
+        resolve_optimizer("adagrad")
+
+
+def test_row_wise_adagrad_dense_rule():
+    # one accumulator per row: mean of the squared row gradient
+    p = torch.nn.Parameter(torch.ones(3, 2))
+    opt = RowWiseAdagrad([p], lr=0.5)
+    p.grad = torch.tensor([[3.0, 4.0], [0.0, 0.0], [1.0, 1.0]])
+    opt.step()
+    acc = torch.tensor([12.5, 0.0, 1.0])
+    torch.testing.assert_close(opt.state[p]["sum"], acc)
+    torch.testing.assert_close(p.detach()[0], 1 - 0.5 * torch.tensor([3.0, 4.0]) / (acc[0].sqrt() + 1e-10))
+    torch.testing.assert_close(p.detach()[1], torch.ones(2))
