@@ -166,6 +166,8 @@ class CompiledStep:
             else:
                 new_s.setdefault(a, {})[b] = v
         st.write_back(new_p, new_s)
+        # what torch's own step wrapper records, so LR schedulers see a stepped optimizer
+        optimizer._opt_called = True
         it = iter(user)
         leaves = [next(it) if is_t else c for is_t, c in entry.joint.out_consts]
         return pytree.tree_unflatten(leaves, entry.joint.out_spec)

@@ -87,15 +87,21 @@ class _StepRecorder:
 @contextlib.contextmanager
 def _patched(optimizer, rec: _StepRecorder):
     orig_backward = torch.Tensor.backward
+    # An LR scheduler wraps `optimizer.step` as an instance attribute: restore
+    # exactly what was there rather than deleting it.
+    saved = {k: optimizer.__dict__[k] for k in ("step", "zero_grad") if k in optimizer.__dict__}
     torch.Tensor.backward = lambda self, *a, **k: rec.backward(self, *a, **k)
-    optimizer.step = rec.step  # instance attributes shadow the class methods
+    optimizer.step = rec.step
     optimizer.zero_grad = lambda *a, **k: None
     try:
         yield
     finally:
         torch.Tensor.backward = orig_backward
-        del optimizer.step
-        del optimizer.zero_grad
+        for k in ("step", "zero_grad"):
+            if k in saved:
+                setattr(optimizer, k, saved[k])
+            else:
+                delattr(optimizer, k)
 
 
 def trace_joint(

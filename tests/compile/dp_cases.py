@@ -100,3 +100,80 @@ def bucketing_pair(rank, world, model_name, style, opt_name):
         finals.append([p.full_tensor() for p in model.parameters()])
     out["max_diff"] = max((a - b).abs().max().item() for a, b in zip(*finals))
     return out
+
+
+def guards(rank, world, style):
+    """Scheduler lr changes without re-tracing; shape/dtype/hyper-parameter changes re-trace."""
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("mlp", 8 * world)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_optimizer("adam", model.parameters()), make_optimizer("adam", ref.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+    step = compile(parallel_mode=DataParallel(mesh, style=style))(fn)
+    log = []
+
+    def both(x, y):
+        step(model, opt, x, y)
+        fn(ref, ref_opt, x, y)
+        sched.step()
+        ref_sched.step()
+        log.append((step.traces, _max_diff(list(model.parameters()), list(ref.parameters()))))
+
+    for x, y in batches[:3]:
+        both(x, y)  # lr halves every step: still one trace
+    x, y = batches[3]
+    both(x[: 2 * world], y[: 2 * world])  # new batch shape
+    for group in (opt.param_groups[0], ref_opt.param_groups[0]):
+        group["betas"] = (0.8, 0.99)
+    both(*batches[4])  # new hyper-parameter
+    both(*batches[0])  # back to a known shape with the new betas: cached
+    return log
+
+
+def dtype_guard(rank, world):
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("block", 2 * world)
+    opt = make_optimizer("adam", model.parameters())
+    step = compile(parallel_mode=DataParallel(mesh, style="replicate"))(fn)
+    x, y = batches[0]
+    step(model, opt, x, y)
+    step(model, opt, x.to(torch.int32), y)
+    step(model, opt, x, y)
+    return step.traces
+
+
+def _bad_step_no_backward(model, optimizer, x, y):
+    model(x).sum()
+    optimizer.step()
+
+
+def errors(rank, world):
+    """Each bad call's (exception type, message); the model must stay untouched."""
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("mlp", 2 * world)
+    x, y = batches[0]
+    mode = DataParallel(mesh, style="fully_shard")
+    opt = make_optimizer("adam", model.parameters())
+    calls = {
+        "no_module": lambda: compile(parallel_mode=mode)(fn)(None, opt, x, y),
+        "no_optimizer": lambda: compile(parallel_mode=mode)(fn)(model, None, x, y),
+        "indivisible_batch": lambda: compile(parallel_mode=mode)(fn)(model, opt, x[:2 * world - 1], y[:2 * world - 1]),
+        "unsupported_optimizer": lambda: compile(parallel_mode=mode)(fn)(
+            model, torch.optim.RMSprop(model.parameters()), x, y),
+        "fused_optimizer": lambda: compile(parallel_mode=mode)(fn)(
+            model, torch.optim.Adam(model.parameters(), fused=True), x, y),
+        "amsgrad": lambda: compile(parallel_mode=mode)(fn)(
+            model, torch.optim.Adam(model.parameters(), amsgrad=True), x, y),
+        "no_backward": lambda: compile(parallel_mode=mode)(_bad_step_no_backward)(model, opt, x, y),
+        "bad_style": lambda: DataParallel(mesh, style="zero3"),
+    }
+    out = {}
+    for name, call in calls.items():
+        try:
+            call()
+            out[name] = None
+        except (TypeError, ValueError) as exc:
+            out[name] = (type(exc).__name__, str(exc))
+    out["untouched"] = all(type(p.data) is torch.Tensor for p in model.parameters()) and not opt.state
+    return out

@@ -1,0 +1,40 @@
+"""Re-tracing guards, learning-rate schedules and error messages of the compiled step."""
+from __future__ import annotations
+
+import pytest
+
+from shardwise.testing.harness import run_on_ranks
+from tests.compile import dp_cases
+
+
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_guards_and_scheduler(style):
+    for log in run_on_ranks(dp_cases.guards, 2, style):
+        traces = [t for t, _ in log]
+        # 3 scheduled-lr steps share a trace; shape and betas changes re-trace; a seen key is cached
+        assert traces == [1, 1, 1, 2, 3, 3], traces
+        assert max(d for _, d in log) < 1e-5, log
+
+
+def test_dtype_change_retraces():
+    assert run_on_ranks(dp_cases.dtype_guard, 2) == [2, 2]
+
+
+def test_errors_are_clear_and_identical_on_all_ranks():
+    per_rank = run_on_ranks(dp_cases.errors, 2)
+    assert per_rank[0] == per_rank[1]
+    out = per_rank[0]
+    expect = {
+        "no_module": ("TypeError", "torch.nn.Module"),
+        "no_optimizer": ("TypeError", "torch.optim.Optimizer"),
+        "indivisible_batch": ("ValueError", "not divisible"),
+        "unsupported_optimizer": ("TypeError", "RMSprop"),
+        "fused_optimizer": ("ValueError", "fused=False"),
+        "amsgrad": ("ValueError", "amsgrad"),
+        "no_backward": ("ValueError", "backward"),
+        "bad_style": ("ValueError", "zero3"),
+    }
+    for name, (kind, text) in expect.items():
+        assert out[name] is not None, f"{name} did not raise"
+        assert out[name][0] == kind and text in out[name][1], (name, out[name])
+    assert out["untouched"]

@@ -1,0 +1,68 @@
+"""Functional SGD/Adam/AdamW against torch.optim (single process)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shardwise.compile.optim import functional_update, init_state, optim_spec
+
+CONFIGS = [
+    (torch.optim.SGD, dict(lr=0.1)),
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, dampening=0.2, maximize=True)),
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    (torch.optim.Adam, dict(lr=1e-2)),
+    (torch.optim.Adam, dict(lr=1e-2, betas=(0.8, 0.95), eps=1e-6, weight_decay=0.05)),
+    (torch.optim.AdamW, dict(lr=1e-2, weight_decay=0.1)),
+    (torch.optim.AdamW, dict(lr=3e-3, weight_decay=0.0, maximize=True)),
+]
+
+
+@pytest.mark.parametrize("cls,kw", CONFIGS, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(CONFIGS)])
+def test_functional_update_matches_torch(cls, kw):
+    g = torch.Generator().manual_seed(0)
+    shapes = [(7, 3), (5,)]
+    params = [torch.randn(s, generator=g) for s in shapes]
+    ref = [p.clone().requires_grad_() for p in params]
+    opt = cls(ref, **kw)
+    group = optim_spec(opt).groups[0]
+    states = [init_state(group, p, has_state=False) for p in params]
+    for step in range(4):
+        grads = [torch.randn(s, generator=g) for s in shapes]
+        for r, gr in zip(ref, grads):
+            r.grad = gr.clone()
+        opt.step()
+        lr = torch.tensor(opt.param_groups[0]["lr"], dtype=torch.float64)
+        params, states = functional_update(group, params, grads, states, lr)
+        for p, r in zip(params, ref):
+            torch.testing.assert_close(p, r.detach(), atol=1e-6, rtol=1e-6)
+        for s, p_ref in zip(states, ref):
+            for k, v in s.items():
+                torch.testing.assert_close(v.float(), opt.state[p_ref][k].float(), atol=1e-6, rtol=1e-6)
+
+
+def test_lr_is_an_input_not_a_constant():
+    p, gr = torch.ones(3), torch.ones(3)
+    group = optim_spec(torch.optim.SGD([p.clone().requires_grad_()], lr=1.0)).groups[0]
+    a, _ = functional_update(group, [p], [gr], [{}], torch.tensor(0.5, dtype=torch.float64))
+    b, _ = functional_update(group, [p], [gr], [{}], torch.tensor(0.25, dtype=torch.float64))
+    assert torch.equal(a[0], torch.full((3,), 0.5)) and torch.equal(b[0], torch.full((3,), 0.75))
+
+
+def test_spec_guards_hyper_parameters_but_not_lr():
+    p = [torch.ones(2, requires_grad=True)]
+    a = optim_spec(torch.optim.Adam(p, lr=1e-3))
+    assert a == optim_spec(torch.optim.Adam(p, lr=5e-1))
+    assert a != optim_spec(torch.optim.Adam(p, lr=1e-3, betas=(0.5, 0.9)))
+
+
+@pytest.mark.parametrize("make,err,text", [
+    (lambda p: torch.optim.RMSprop(p), TypeError, "RMSprop"),
+    (lambda p: torch.optim.Adam(p, fused=True), ValueError, "fused"),
+    (lambda p: torch.optim.Adam(p, amsgrad=True), ValueError, "amsgrad"),
+    (lambda p: torch.optim.Adam(p, differentiable=True), ValueError, "differentiable"),
+    (lambda p: "sgd", TypeError, "torch.optim.Optimizer"),
+])
+def test_rejected_optimizers(make, err, text):
+    with pytest.raises(err, match=text):
+        optim_spec(make([torch.ones(2, requires_grad=True)]))
