@@ -199,7 +199,9 @@ class OpDispatcher:
                 )
         for ta in tensor_args:
             if ta.placements is None and ta.ndim > 0:
-                raise TypeError(
+                # ValueError, not TypeError: Tensor operators turn TypeErrors into NotImplemented and
+                # the message would be lost
+                raise ValueError(
                     f"{op}: a plain torch.Tensor of shape {tuple(ta.shape)} is mixed with DTensors; only 0-d "
                     "tensors are implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) "
                     "or DTensor.from_local(t, mesh, placements)"

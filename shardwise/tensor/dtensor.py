@@ -156,8 +156,10 @@ class DTensor(torch.Tensor):
         if not isinstance(local_tensor, torch.Tensor) or isinstance(local_tensor, DTensor):
             raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}")
         placements = normalize_placements(placements, device_mesh.ndim, local_tensor.ndim)
+        gathered = _gather_local_shapes(local_tensor, device_mesh) if run_check else None
         if shape is None:
-            gshape = list(local_tensor.shape)
+            # even shards assumed; under run_check, from the first rank's piece so all ranks agree
+            gshape = list(local_tensor.shape if gathered is None else gathered[0][1])
             for mdim, p in enumerate(placements):
                 if type(p) is Shard:
                     gshape[p.dim] *= device_mesh.size(mdim)
@@ -165,8 +167,8 @@ class DTensor(torch.Tensor):
         shape = torch.Size(shape)
         if stride is None:
             stride = _contiguous_stride(shape)
-        if run_check:
-            _check_local_shapes(local_tensor, device_mesh, placements, shape)
+        if gathered is not None:
+            _check_local_shapes(gathered, device_mesh, placements, shape)
         spec = DTensorSpec(device_mesh, placements, shape, stride, local_tensor.dtype)
         return _FromLocal.apply(local_tensor, spec)
 
@@ -230,13 +232,18 @@ def _contiguous_stride(shape) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _check_local_shapes(local, mesh, placements, shape) -> None:
-    """Collective check that every rank's local shape matches the global layout (names bad ranks)."""
+def _gather_local_shapes(local, mesh) -> list:
+    """(rank, local shape, coordinate) of every rank of the mesh, in rank order (a collective)."""
     gathered = [None] * mesh.size()
     mine = (dist.get_rank(), tuple(local.shape), mesh_coord(mesh))
     dist.all_gather_object(gathered, mine, group=_mesh_group(mesh))
+    return sorted(gathered)
+
+
+def _check_local_shapes(gathered, mesh, placements, shape) -> None:
+    """Every rank's local shape must match the global layout; the error names the bad ranks."""
     bad = []
-    for rank, lshape, coord in sorted(gathered):
+    for rank, lshape, coord in gathered:
         expect = local_shape_and_offset(shape, tuple(mesh.shape), coord, placements)[0]
         if tuple(lshape) != tuple(expect):
             bad.append(f"rank {rank} has {tuple(lshape)}, expected {tuple(expect)}")
