@@ -77,7 +77,8 @@ def all_gather_dim(x: torch.Tensor, dim: int, full: int, mesh: DeviceMesh, mesh_
     out = funcol.wait_tensor(funcol.all_gather_single(padded, 0, _group(mesh, mesh_dim)))
     if dim != 0:
         out = torch.cat(torch.chunk(out, n, dim=0), dim=dim)
-    return out.narrow(dim, 0, full) if chunk * n != full else out
+    # trimming the padding of an inner dim leaves a strided view; views downstream need contiguous
+    return out.narrow(dim, 0, full).contiguous() if chunk * n != full else out
 
 
 def reduce_scatter_dim(
