@@ -1,0 +1,64 @@
+"""``parallelize_module``: apply tensor-parallel styles to the submodules a plan names."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Union
+
+from torch import nn
+
+from .style import ParallelStyle
+
+__all__ = ["parallelize_module"]
+
+
+def _matches(pattern: str, name: str) -> bool:
+    """Glob match per dotted atom: ``layers.*.mlp`` matches ``layers.0.mlp``, not ``layers.0.x.mlp``."""
+    p, n = pattern.split(".") if pattern else [], name.split(".") if name else []
+    return len(p) == len(n) and all(fnmatchcase(a, b) for a, b in zip(n, p))
+
+
+def _resolve(module: nn.Module, plan: dict) -> list[tuple[str, nn.Module, ParallelStyle]]:
+    targets = []
+    modules = list(module.named_modules())
+    for pattern, style in plan.items():
+        if not isinstance(pattern, str):
+            raise TypeError(f"parallelize_module: plan key {pattern!r} must be a module name (str), e.g. 'layers.*.mlp'")
+        if not isinstance(style, ParallelStyle):
+            raise TypeError(
+                f"parallelize_module: plan[{pattern!r}] is {type(style).__name__}, not a ParallelStyle; "
+                "use ColwiseParallel(), RowwiseParallel() or PrepareModuleInput(...)"
+            )
+        found = [(n, m) for n, m in modules if _matches(pattern, n)]
+        if not found:
+            sample = ", ".join(repr(n) for n, _ in modules[1:6])
+            raise ValueError(
+                f"parallelize_module: plan key {pattern!r} matches no submodule of {type(module).__name__} "
+                f"(names look like {sample}); fix the key"
+            )
+        for n, m in found:
+            style.check(n, m)
+            targets.append((n, m, style))
+    return targets
+
+
+def parallelize_module(module: nn.Module, device_mesh, parallelize_plan: Union[ParallelStyle, dict]) -> nn.Module:
+    """Parallelize ``module`` in place on a 1-D mesh and return it.
+
+    ``parallelize_plan`` is one style (for ``module`` itself) or a dict mapping submodule names (globs
+    per dotted atom allowed, ``""`` is the root) to styles. Every entry is validated before any module
+    is changed.
+
+    >>> mesh = init_device_mesh("cpu", (3,))                                     # doctest: +SKIP
+    >>> parallelize_module(model, mesh, {"emb": RowwiseParallel(), "fc1": ColwiseParallel(),
+    ...                                  "fc2": RowwiseParallel()})               # doctest: +SKIP
+    """
+    if device_mesh.ndim != 1:
+        raise ValueError(
+            f"parallelize_module: the mesh has {device_mesh.ndim} dimensions; tensor-parallel styles take a "
+            "1-D mesh, e.g. mesh['tp'] of a 2-D mesh"
+        )
+    plan = parallelize_plan if isinstance(parallelize_plan, dict) else {"": parallelize_plan}
+    for name, mod, style in _resolve(module, plan):
+        style.apply(mod, device_mesh)
+    return module
