@@ -1,0 +1,223 @@
+"""Sharded embedding-bag step time: shardwise vs TorchRec vs the unsharded module (same run).
+
+One step = forward + backward + optimizer update (Adagrad, fused into backward for the sharded
+implementations, dense torch.optim.Adagrad for the unsharded module) on each rank's own batch.
+Prints one JSON line per measurement and one per plan with the ratios.
+
+    .venv/bin/python benchmarks/ebc.py                       # 8 tables x 100k x 64, world 2
+    SHARDWISE_TORCHREC_PYTHON=/tmp/torchrec-venv/bin/python .venv/bin/python benchmarks/ebc.py
+
+TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON; build one
+with /work/shared/peers/torchrec-venv.sh); without one it is skipped with a message.
+This file must import nothing from shardwise at module level: the TorchRec interpreter runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+PLANS = ("table_wise", "row_wise", "column_wise")
+LR = 0.05
+
+
+def make_batches(rank: int, args, count: int = 4):
+    """(keys, values, lengths) batches of ~args.ids ids per bag, identical for every implementation."""
+    g = torch.Generator().manual_seed(1234 + rank)
+    keys = [f"f{i}" for i in range(args.tables)]
+    out = []
+    for _ in range(count):
+        lengths = torch.randint(args.ids // 2, args.ids * 3 // 2 + 1, (args.tables * args.batch,), generator=g)
+        values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
+        out.append((keys, values, lengths))
+    return out
+
+
+def time_steps(step, batches, args) -> list[float]:
+    for i in range(args.warmup):
+        step(batches[i % len(batches)])
+    dist.barrier()
+    times = []
+    for i in range(args.iters):
+        t0 = time.perf_counter()
+        step(batches[i % len(batches)])
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+# ---- shardwise ----------------------------------------------------------------------------------
+def _shardwise_plan(name: str, world: int):
+    """Table i's sharding, the same placements as the TorchRec run."""
+    from shardwise.embedding import column_wise, row_wise, table_wise
+
+    return {
+        "table_wise": lambda i: table_wise(i % world),
+        "row_wise": lambda i: row_wise(),
+        "column_wise": lambda i: column_wise([(i + k) % world for k in range(world)]),
+    }[name]
+
+
+def run_shardwise(rank, args, plan_name):
+    import functools
+
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard
+    from shardwise.sparse import KeyedJaggedTensor
+
+    torch.manual_seed(0)
+    cfgs = [EmbeddingBagConfig(f"t{i}", args.rows, args.dim, [f"f{i}"]) for i in range(args.tables)]
+    ebc = EmbeddingBagCollection(cfgs)
+    batches = [KeyedJaggedTensor(k, v, lengths=l) for k, v, l in make_batches(rank, args)]
+    if plan_name == "unsharded":
+        opt = torch.optim.Adagrad(ebc.parameters(), lr=LR)
+
+        def step(kjt):
+            opt.zero_grad()
+            ebc(kjt).values().sum().backward()
+            opt.step()
+        return time_steps(step, batches, args)
+    gen = _shardwise_plan(plan_name, args.world)
+    plan = {c.name: gen(i) for i, c in enumerate(cfgs)}
+    sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=LR))
+
+    def step(kjt):
+        sharded(kjt).values().sum().backward()
+    return time_steps(step, batches, args)
+
+
+# ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------
+def run_torchrec(rank, args, plan_name):
+    import torchrec
+    from torchrec.distributed.shard import shard as tr_shard
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, row_wise, table_wise
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    torch.manual_seed(0)
+    cfgs = [torchrec.EmbeddingBagConfig(name=f"t{i}", embedding_dim=args.dim, num_embeddings=args.rows,
+                                        feature_names=[f"f{i}"]) for i in range(args.tables)]
+    ebc = torchrec.EmbeddingBagCollection(tables=cfgs, device=torch.device("meta"))
+    apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": LR})
+    gen = {"table_wise": lambda i: table_wise(rank=i % args.world), "row_wise": lambda i: row_wise(),
+           "column_wise": lambda i: column_wise(ranks=[(i + k) % args.world for k in range(args.world)])}[plan_name]
+    plan = construct_module_sharding_plan(ebc, {f"t{i}": gen(i) for i in range(args.tables)},
+                                          local_size=args.world, world_size=args.world, device_type="cpu")
+    sharded = tr_shard(ebc, plan, env=ShardingEnv.from_process_group(dist.group.WORLD),
+                       device=torch.device("cpu"))
+    batches = [torchrec.KeyedJaggedTensor(keys=k, values=v, lengths=l) for k, v, l in make_batches(rank, args)]
+
+    def step(kjt):
+        sharded(kjt).values().sum().backward()
+    return time_steps(step, batches, args)
+
+
+# ---- process launch ------------------------------------------------------------------------------
+def _worker(rank, args, impl, plan_name, init_file, queue):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.world)
+    try:
+        fn = run_torchrec if impl == "torchrec" else run_shardwise
+        times = fn(rank, args, plan_name)
+        queue.put((rank, statistics.median(times)))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(args, impl: str, plan_name: str) -> float:
+    """Median step time in ms (the slowest rank's median)."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [ctx.Process(target=_worker, args=(r, args, impl, plan_name, f"{tmp}/init", queue))
+                 for r in range(args.world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+        if any(p.exitcode for p in procs):
+            raise RuntimeError(f"{impl}/{plan_name}: a rank failed (exit codes {[p.exitcode for p in procs]})")
+    medians = dict(queue.get() for _ in procs)
+    return max(medians.values())
+
+
+def _emit(record: dict) -> None:
+    print(json.dumps(record), flush=True)
+
+
+def torchrec_times(args) -> dict:
+    python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
+    if not python or not os.path.exists(python):
+        print(f"# TorchRec skipped: no interpreter (pass --torchrec-python or set SHARDWISE_TORCHREC_PYTHON; "
+              f"got {python!r})", file=sys.stderr)
+        return {}
+    cmd = [python, __file__, "--impl", "torchrec"] + _common_flags(args)
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH="")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        print(f"# TorchRec run failed, skipped:\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return {}
+    out = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            rec = json.loads(line)
+            out[rec["plan"]] = rec["ms_median"]
+            _emit(rec)
+    return out
+
+
+def _common_flags(args) -> list[str]:
+    return ["--world", str(args.world), "--tables", str(args.tables), "--rows", str(args.rows),
+            "--dim", str(args.dim), "--batch", str(args.batch), "--ids", str(args.ids),
+            "--iters", str(args.iters), "--warmup", str(args.warmup), "--plans", ",".join(args.plans)]
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--batch", type=int, default=512)
+    p.add_argument("--ids", type=int, default=20)
+    p.add_argument("--iters", type=int, default=15)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--plans", type=lambda s: s.split(","), default=list(PLANS))
+    p.add_argument("--torchrec-python", default=None)
+    p.add_argument("--impl", default="all", choices=["all", "torchrec", "shardwise"])
+    args = p.parse_args(argv)
+    shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids)
+    if args.impl == "torchrec":
+        for plan in args.plans:
+            _emit({"bench": "ebc", "impl": "torchrec", "plan": plan, "ms_median": round(measure(args, "torchrec", plan), 2), **shape})
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")  # for spawned ranks
+    ours = {}
+    for plan in args.plans:
+        ours[plan] = measure(args, "shardwise", plan)
+        _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ours[plan], 2), **shape})
+    if args.impl == "shardwise":
+        return
+    unsharded = measure(args, "shardwise", "unsharded")
+    _emit({"bench": "ebc", "impl": "unsharded_dense_adagrad", "plan": "none", "ms_median": round(unsharded, 2), **shape})
+    peer = torchrec_times(args)
+    for plan in args.plans:
+        rec = {"bench": "ebc", "plan": plan, "shardwise_ms": round(ours[plan], 2),
+               "unsharded_ms": round(unsharded, 2), "speedup_vs_unsharded": round(unsharded / ours[plan], 2)}
+        if plan in peer:
+            rec.update(torchrec_ms=peer[plan], ratio_vs_torchrec=round(ours[plan] / peer[plan], 3))
+        _emit(rec)
+
+
+if __name__ == "__main__":
+    main()
