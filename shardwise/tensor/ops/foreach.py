@@ -16,6 +16,9 @@ from ..propagation.schema import TensorArg
 
 _LINEAR = {"_foreach_mul", "_foreach_mul_", "_foreach_div", "_foreach_div_", "_foreach_zero_", "_foreach_neg",
            "_foreach_neg_", "_foreach_copy_"}
+# linear in the first list only, and only for pending sums/averages: a negative factor turns a max into a
+# min, and a partial times a partial is not a partial of the product
+_SCALING = {"_foreach_mul", "_foreach_mul_", "_foreach_div", "_foreach_div_", "_foreach_neg", "_foreach_neg_"}
 _NAMES = [
     "add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "sqrt", "exp", "neg", "abs", "maximum",
     "minimum", "clamp_min", "clamp_max", "reciprocal", "sign", "pow", "zero", "copy", "rsqrt", "sigmoid",
@@ -44,7 +47,9 @@ def foreach_rule(schema, mesh_shape) -> Decision:
     targets = []
     for i, head in enumerate(first):
         pl = head.placements or tuple(Replicate() for _ in mesh_shape)
-        if any(isinstance(p, Partial) for p in pl) and name not in _LINEAR:
+        nonlinear = name not in _LINEAR or (name in _SCALING and any(
+            isinstance(p, Partial) and not p.is_linear() for p in pl))
+        if any(isinstance(p, Partial) for p in pl) and nonlinear:
             if inplace:
                 raise NotImplementedError(
                     f"{schema.op}: element {i} is a pending reduction {[str(p) for p in pl]} updated in place by "
@@ -57,8 +62,10 @@ def foreach_rule(schema, mesh_shape) -> Decision:
         if ta.placements is None:
             inputs.append(None)
             continue
-        pos = next((k for lst in lists for k, t in enumerate(lst) if t is ta), None)
+        li, pos = next(((j, k) for j, lst in enumerate(lists) for k, t in enumerate(lst) if t is ta), (0, None))
         target = targets[pos] if pos is not None else tuple(Replicate() for _ in mesh_shape)
+        if li > 0 and name in _SCALING:  # the other factor must be replicated where the first is partial
+            target = tuple(Replicate() if isinstance(p, Partial) else p for p in target)
         inputs.append(None if target == ta.placements else target)
     outputs = [None if o is None else targets[k % len(targets)] for k, o in enumerate(schema.outputs)]
     return Decision(inputs, outputs)

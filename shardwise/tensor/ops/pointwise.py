@@ -6,6 +6,7 @@ sums/differences of partials, a partial times replicated values, copies and cast
 
 from __future__ import annotations
 
+import torch
 from torch.ops import aten
 
 from ..placements import Partial
@@ -18,7 +19,8 @@ _NONLINEAR = [
     aten.silu, aten.sin, aten.cos, aten.reciprocal, aten.sign, aten.square, aten.pow, aten.clamp,
     aten.clamp_min, aten.clamp_max, aten.erf, aten.log1p, aten.expm1, aten.hardtanh, aten.leaky_relu,
     aten.elu, aten.nan_to_num, aten.isnan, aten.logical_not, aten.bitwise_not, aten.maximum, aten.minimum,
-    aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.where, aten.masked_fill,
+    aten.eq.Tensor, aten.eq.Scalar, aten.ne.Tensor, aten.ne.Scalar, aten.lt, aten.le, aten.gt, aten.ge,
+    aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar, aten.masked_fill,
     aten.threshold_backward, aten.gelu_backward, aten.tanh_backward, aten.sigmoid_backward,
     aten.silu_backward, aten.hardtanh_backward, aten.leaky_relu_backward, aten.threshold, aten.lerp,
     aten.addcmul, aten.addcdiv, aten.logical_and, aten.logical_or, aten.bitwise_and, aten.bitwise_or,
@@ -28,7 +30,9 @@ _NONLINEAR = [
     aten.clamp_min_, aten.clamp_max_, aten.sigmoid_, aten.tanh_, aten.reciprocal_, aten.rsqrt_,
 ]
 _COPY_LIKE = [aten.clone, aten.detach, aten.alias, aten._to_copy, aten.contiguous, aten.neg]
-_ADDITIVE = [aten.add, aten.sub, aten.add_, aten.sub_, aten.copy_, aten.copy]
+# overloads, not packets, where a packet holds non-pointwise forms: where(cond) is nonzero, eq/ne.Tensor_list
+# compare lists to a bool, copy.Dict_Tensor copies a dict
+_ADDITIVE = [aten.add, aten.sub, aten.add_, aten.sub_, aten.copy_, aten.copy.default]
 _SCALING = [aten.mul, aten.mul_, aten.div, aten.div_]
 _FACTORY_LIKE = [aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.zero_]
 
@@ -45,6 +49,11 @@ def nonlinear_rule(schema, mesh_size):
 @register_rule(*_COPY_LIKE, pointwise=True)
 def copy_like_rule(schema, mesh_size):
     partials = ALL_PARTIALS if schema.op.overloadpacket is not aten.neg else LINEAR_PARTIALS
+    src, dst = schema.tensor_args[0].dtype, schema.outputs[0].dtype
+    if dst == torch.bool and src != torch.bool:  # x != 0 commutes with no reduction
+        partials = ()
+    elif src.is_floating_point and not (dst.is_floating_point or dst.is_complex):
+        partials = ALL_PARTIALS[2:]  # truncation is monotone (max/min pass) but not additive
     return pointwise_strategies(schema, [((p,), p) for p in partials])
 
 

@@ -43,6 +43,9 @@ def reduction_rule(schema, mesh_size):
             # a mean of equal-sized local means is the global mean; uneven shards would weigh wrongly
             if kind == "avg" and x.shape[d] % mesh_size:
                 continue
+            # max/min of an empty shard is an error, not an identity element
+            if kind in ("max", "min") and (mesh_size - 1) * -(-x.shape[d] // mesh_size) >= x.shape[d]:
+                continue
             st.append(Strategy((Partial(kind),), (Shard(d),)))
         else:
             out_d = d if keep else d - sum(1 for r in reduced if r < d)
