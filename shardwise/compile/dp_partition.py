@@ -9,7 +9,9 @@ Layout of the result (before passes reorder collectives):
   recomputed from it), so nothing gathered stays alive in between;
 * each gradient is all-reduced (replicated) or padded and reduce-scattered
   (sharded), then divided by the world size (DDP's averaging);
-* the functional optimizer, traced on shard shapes, is inlined last.
+* the functional optimizer, traced on shard shapes, is inlined last; each
+  new parameter/state value is copied into its storage placeholder as soon
+  as it is computed (the graph's only in-place ops, after every read).
 
 Example::
 
@@ -221,11 +223,24 @@ def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, l
     grad_of = dict(zip(joint.param_names, grads))
     synced = {f: d.sync_grad(f, grad_of[f]) for f in d.updated()}
     new_params, new_states = d.inline_optimizer(synced)
+    # Write results into the storage right where they are computed: the
+    # DTensors in the model/optimizer view that storage, and each temporary
+    # dies immediately instead of all new state being alive at the end.
+    targets = [(d.storage_ph[f], n) for f, n in new_params]
+    created = []
+    for (f, k), n in new_states:
+        if k in d.state_ph.get(f, {}):
+            targets.append((d.state_ph[f][k], n))
+        else:  # lazily created state (SGD momentum on its first step) is returned
+            created.append(((f, k), n))
+    for dst, src in targets:
+        if dst is not src:
+            with d.graph.inserting_after(src):
+                d.b.call(ATEN.copy_.default, dst, src, meta={"sw_kind": dst.meta["sw_kind"], "sw_role": "write_back"})
     for i, _ in enumerate(user):
         d.sig.outputs.append(("user", i, None))
-    d.sig.outputs += [("param", f, None) for f, _ in new_params]
-    d.sig.outputs += [("opt_state", f, k) for (f, k), _ in new_states]
-    d.graph.output(tuple(user + [n for _, n in new_params] + [n for _, n in new_states]))
+    d.sig.outputs += [("opt_state", f, k) for (f, k), _ in created]
+    d.graph.output(tuple(user + [n for _, n in created]))
     gm = torch.fx.GraphModule(torch.nn.Module(), d.graph)
     return gm, d.sig
 

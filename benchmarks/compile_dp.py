@@ -1,0 +1,149 @@
+"""Benchmark compile-mode data parallel against DDP, FSDP2 and one process.
+
+MLP of 4 x Linear(1024, 1024), Adam, batch 64 per rank, world 2 (gloo, CPU),
+``torch.set_num_threads(1)`` per rank.  Each configuration runs in fresh
+processes so peak RSS belongs to it alone.  Prints one JSON line per
+configuration (median step time after warm-up, peak RSS, per-rank bytes of
+parameters + optimizer state), then one line of ratios.
+
+    .venv/bin/python benchmarks/compile_dp.py [--steps 20] [--warmup 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+DIM, LAYERS, BATCH = 1024, 4, 64
+
+
+def make_model():
+    torch.manual_seed(0)
+    return nn.Sequential(*[m for _ in range(LAYERS) for m in (nn.Linear(DIM, DIM), nn.ReLU())][:-1])
+
+
+def step_fn(model, optimizer, x, y):
+    loss = F.mse_loss(model(x), y)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss
+
+
+def _state_bytes(model, optimizer) -> int:
+    def local(t):
+        t = t.to_local() if hasattr(t, "to_local") else t
+        return t.numel() * t.element_size()
+
+    total = sum(local(p.detach() if not hasattr(p, "to_local") else p) for p in model.parameters())
+    for st in optimizer.state.values():
+        total += sum(local(v) for v in st.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return total
+
+
+def _build(kind, rank, world):
+    model = make_model()
+    if kind in ("ours_replicate", "ours_fully_shard"):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        from shardwise.compile import DataParallel, compile
+
+        mesh = init_device_mesh("cpu", (world,))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        style = kind.split("_", 1)[1]
+        step = compile(parallel_mode=DataParallel(mesh, style=style))(step_fn)
+        return model, opt, step, True
+    if kind == "ddp":
+        model = nn.parallel.DistributedDataParallel(model)
+    elif kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer)
+        fully_shard(model)
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3), step_fn, False
+
+
+def _worker(rank, world, kind, port, steps, warmup, queue):
+    torch.set_num_threads(1)
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    model, opt, step, global_batch = _build(kind, rank, world)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(BATCH * world, DIM, generator=g), torch.randn(BATCH * world, DIM, generator=g)
+    if not global_batch:  # eager DDP/FSDP2 take this rank's slice
+        x, y = x.chunk(world)[rank].contiguous(), y.chunk(world)[rank].contiguous()
+    times = []
+    for i in range(warmup + steps):
+        if world > 1:
+            dist.barrier()
+        t0 = time.perf_counter()
+        step(model, opt, x, y)
+        times.append(time.perf_counter() - t0)
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    queue.put((rank, statistics.median(times[warmup:]), rss_mib, _state_bytes(model, opt)))
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def run(kind, world, steps, warmup) -> dict:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, world, kind, port, steps, warmup, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    res = sorted(queue.get(timeout=600) for _ in procs)
+    for p in procs:
+        p.join()
+    return {
+        "bench": "compile_dp", "config": kind, "world": world, "batch_per_rank": BATCH,
+        "step_ms": round(1000 * max(r[1] for r in res), 2),
+        "peak_rss_mib": round(max(r[2] for r in res), 1),
+        "state_mib_per_rank": round(max(r[3] for r in res) / 2**20, 2),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--world", type=int, default=2)
+    args = ap.parse_args()
+    out = {}
+    for kind, world in [("single", 1), ("ddp", args.world), ("fsdp2", args.world),
+                        ("ours_replicate", args.world), ("ours_fully_shard", args.world)]:
+        out[kind] = run(kind, world, args.steps, args.warmup)
+        if kind == "single":
+            out[kind]["batch_per_rank"] = BATCH
+        print(json.dumps(out[kind]), flush=True)
+    ratio = lambda a, b, k: round(out[a][k] / out[b][k], 3)  # noqa: E731
+    print(json.dumps({
+        "bench": "compile_dp", "config": "ratios",
+        "replicate_vs_ddp_time": ratio("ours_replicate", "ddp", "step_ms"),
+        "fully_shard_vs_fsdp2_time": ratio("ours_fully_shard", "fsdp2", "step_ms"),
+        "replicate_vs_ddp_rss": ratio("ours_replicate", "ddp", "peak_rss_mib"),
+        "fully_shard_vs_fsdp2_rss": ratio("ours_fully_shard", "fsdp2", "peak_rss_mib"),
+        "fully_shard_state_vs_replicate": ratio("ours_fully_shard", "ours_replicate", "state_mib_per_rank"),
+    }), flush=True)
+
+
+if __name__ == "__main__":
+    main()
