@@ -21,6 +21,7 @@ from .plan import (
     table_row_wise,
     table_wise,
 )
+from .planner import EmbeddingShardingPlanner, PlanEstimate
 from .sharded import ShardedEmbeddingBagCollection, shard
 from .sharded_tensor import ShardedTable
 
@@ -28,5 +29,5 @@ __all__ = [
     "EmbeddingBagConfig", "PoolingType", "EmbeddingBagCollection",
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
-    "shard", "ShardedEmbeddingBagCollection", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
+    "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
 ]

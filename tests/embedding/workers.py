@@ -166,3 +166,22 @@ def shard_errors(rank, world):
         except (ValueError, TypeError) as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
     return out
+
+
+def planner_plan_runs(rank, world):
+    """(estimated bytes, real bytes of local shards + optimizer state, forward error) on this rank."""
+    from shardwise.embedding import EmbeddingShardingPlanner
+
+    ebc = common.make_ebc(seed=9)
+    planner = EmbeddingShardingPlanner(world, 600, batch_size_per_rank=3, ids_per_bag=1.5, optimizer="adagrad",
+                                       data_parallel_max_rows=4)
+    plan = planner.plan(ebc.tables)
+    est = planner.estimate(plan, ebc.tables)
+    sharded = shard(ebc, plan, mesh=mesh_for(world, 1), optimizer=common.ADAGRAD)
+    real = 0
+    for g in sharded._groups:
+        for buf, state in zip(g.store.buffers, g.store.states):
+            real += buf.numel() * buf.element_size() + sum(s.numel() * s.element_size() for s in state.values())
+    kjt = common.rank_batches(world, 0, False)[rank]
+    err = (sharded(kjt).values() - ebc(kjt).values()).abs().max().item()
+    return est.memory[rank], real, err

@@ -1,0 +1,178 @@
+"""A sharding planner: place tables to balance per-rank lookup cost under per-rank memory limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .config import EmbeddingBagConfig, check_tables
+from .plan import (
+    ParameterSharding, ShardBox, ShardingType, chunk_sizes, column_wise, data_parallel, row_wise, table_wise,
+)
+
+__all__ = ["EmbeddingShardingPlanner", "PlanEstimate"]
+
+# optimizer state per weight element ("elem") or per row ("row"), by optimizer name
+_STATE = {"sgd": (0, 0), "adagrad": (1, 0), "adam": (2, 0), "rowwiseadagrad": (0, 1)}
+
+
+@dataclass
+class PlanEstimate:
+    """Per-rank storage (bytes) and lookup cost (ids x dim per batch) of a plan."""
+
+    memory: list = field(default_factory=list)
+    cost: list = field(default_factory=list)
+    shards: dict = field(default_factory=dict)   # table -> [(ShardBox, bytes, cost)]
+
+
+class EmbeddingShardingPlanner:
+    """Greedy planner: biggest tables first, each to the candidate layout (table-wise on a rank,
+    row-wise, column-wise, data-parallel) that keeps the maximum per-rank cost lowest and fits memory.
+
+    Storage = weights + optimizer state; lookup cost = ids routed to a shard per step x its columns,
+    with ids assumed uniform over rows (a row block gets its share) and ``ids_per_bag`` per feature.
+
+    Example:
+        >>> planner = EmbeddingShardingPlanner(world_size=2, memory_per_rank_bytes=2**30)
+        >>> plan = planner.plan(tables)          # {table name: ParameterSharding}
+        >>> print(planner.format_plan(plan, tables))
+    """
+
+    def __init__(self, world_size: int, memory_per_rank_bytes, batch_size_per_rank: int = 512,
+                 ids_per_bag: float = 20.0, optimizer: str = "adagrad", bytes_per_element: int = 4,
+                 data_parallel_max_rows: int = 1024, sharding_types: Optional[Sequence[ShardingType]] = None):
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size={world_size!r} must be a positive int")
+        mem = [memory_per_rank_bytes] * world_size if isinstance(memory_per_rank_bytes, (int, float)) \
+            else list(memory_per_rank_bytes)
+        if len(mem) != world_size or any(m <= 0 for m in mem):
+            raise ValueError(f"memory_per_rank_bytes must be a positive number or one per rank ({world_size}), "
+                             f"got {memory_per_rank_bytes!r}")
+        if optimizer.lower() not in _STATE:
+            raise ValueError(f"optimizer={optimizer!r} unknown to the planner; use one of {sorted(_STATE)}")
+        self.world, self.memory = world_size, mem
+        self.batch, self.ids_per_bag, self.elem_bytes = batch_size_per_rank, float(ids_per_bag), bytes_per_element
+        self.state_elem, self.state_row = _STATE[optimizer.lower()]
+        self.dp_max_rows = data_parallel_max_rows
+        self.types = tuple(sharding_types or (ShardingType.TABLE_WISE, ShardingType.ROW_WISE,
+                                              ShardingType.COLUMN_WISE, ShardingType.DATA_PARALLEL))
+
+    # ---- cost model ---------------------------------------------------------------------------
+    def shard_bytes(self, box: ShardBox) -> int:
+        return self.elem_bytes * (box.row_size * box.col_size * (1 + self.state_elem) + box.row_size * self.state_row)
+
+    def _boxes(self, t: EmbeddingBagConfig, ps: ParameterSharding) -> list[ShardBox]:
+        v, d = t.num_embeddings, t.embedding_dim
+        st = ps.sharding_type
+        if st == ShardingType.TABLE_WISE:
+            return [ShardBox(t.name, ps.ranks[0], 0, v, 0, d)]
+        if st == ShardingType.ROW_WISE:
+            ranks = ps.ranks or tuple(range(self.world))
+            return [ShardBox(t.name, r, o, n, 0, d) for r, (o, n) in zip(ranks, chunk_sizes(v, len(ranks)))]
+        if st == ShardingType.COLUMN_WISE:
+            return [ShardBox(t.name, r, 0, v, o, n) for r, (o, n) in zip(ps.ranks, chunk_sizes(d, len(ps.ranks)))]
+        if st == ShardingType.DATA_PARALLEL:
+            return [ShardBox(t.name, r, 0, v, 0, d) for r in range(self.world)]
+        raise ValueError(f"table {t.name!r}: the planner does not estimate {st.value} plans; "
+                         f"use table_wise/row_wise/column_wise/data_parallel")
+
+    def _shard_cost(self, t: EmbeddingBagConfig, ps: ParameterSharding, box: ShardBox) -> float:
+        ids = self.batch * self.ids_per_bag * len(t.feature_names)
+        if ps.sharding_type == ShardingType.DATA_PARALLEL:
+            # local lookups plus the dense all-reduce of the table's gradient in backward
+            return ids * box.col_size + box.row_size * box.col_size
+        routed = ids * self.world * (box.row_size / t.num_embeddings)
+        pooled = self.batch * self.world * len(t.feature_names) * box.col_size
+        return routed * box.col_size + pooled
+
+    def estimate(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> PlanEstimate:
+        """Per-rank memory and cost of ``plan``; checks every table is placed exactly once."""
+        tables = check_tables(tables)
+        names = [t.name for t in tables]
+        missing, extra = [n for n in names if n not in plan], sorted(set(plan) - set(names))
+        if missing or extra:
+            raise ValueError(f"plan must place every table exactly once: missing {missing}, unknown {extra}")
+        est = PlanEstimate([0] * self.world, [0.0] * self.world, {})
+        for t in tables:
+            ps = plan[t.name]
+            if not isinstance(ps, ParameterSharding):
+                raise TypeError(f"plan[{t.name!r}] must be a ParameterSharding, got {ps!r}")
+            rows = []
+            for box in self._boxes(t, ps):
+                if box.rank >= self.world:
+                    raise ValueError(f"table {t.name!r}: rank {box.rank} is outside world_size {self.world}")
+                b, c = self.shard_bytes(box), self._shard_cost(t, ps, box)
+                est.memory[box.rank] += b
+                est.cost[box.rank] += c
+                rows.append((box, b, c))
+            est.shards[t.name] = rows
+        return est
+
+    # ---- search -------------------------------------------------------------------------------
+    def _candidates(self, t: EmbeddingBagConfig, load: list[float]) -> list[ParameterSharding]:
+        by_load = sorted(range(self.world), key=lambda r: (load[r], r))
+        out = []
+        if ShardingType.TABLE_WISE in self.types:
+            out += [table_wise(r) for r in by_load]
+        if ShardingType.ROW_WISE in self.types and self.world > 1:
+            out.append(row_wise())
+        if ShardingType.COLUMN_WISE in self.types:
+            for k in range(2, self.world + 1):
+                if k <= t.embedding_dim:
+                    out.append(column_wise(sorted(by_load[:k])))
+        if ShardingType.DATA_PARALLEL in self.types and t.num_embeddings <= self.dp_max_rows:
+            out.append(data_parallel())
+        return out
+
+    def plan(self, tables: Sequence[EmbeddingBagConfig]) -> dict:
+        """``{table name: ParameterSharding}`` balancing the max per-rank cost within memory."""
+        tables = check_tables(tables)
+        order = sorted(range(len(tables)), key=lambda i: (-self._table_weight(tables[i]), i))
+        memory, cost = [0] * self.world, [0.0] * self.world
+        plan: dict = {}
+        for i in order:
+            t = tables[i]
+            best, best_key, best_state, shortfall = None, None, None, None
+            for ps in self._candidates(t, cost):
+                mem_after, cost_after = list(memory), list(cost)
+                for box in self._boxes(t, ps):
+                    mem_after[box.rank] += self.shard_bytes(box)
+                    cost_after[box.rank] += self._shard_cost(t, ps, box)
+                over = max(m - cap for m, cap in zip(mem_after, self.memory))
+                if over > 0:
+                    shortfall = over if shortfall is None else min(shortfall, over)
+                    continue
+                key = (max(cost_after), sum(cost_after), max(mem_after))
+                if best_key is None or key < best_key:
+                    best, best_key, best_state = ps, key, (mem_after, cost_after)
+            if best is None:
+                raise ValueError(
+                    f"table {t.name!r} ({t.num_embeddings} x {t.embedding_dim}) does not fit: every layout "
+                    f"exceeds some rank's memory by at least {shortfall} bytes ({shortfall / 2**20:.1f} MiB) "
+                    f"with the tables placed so far; raise memory_per_rank_bytes, add ranks or shrink the table")
+            plan[t.name] = best
+            memory, cost = best_state
+        return {t.name: plan[t.name] for t in tables}
+
+    def _table_weight(self, t: EmbeddingBagConfig) -> float:
+        return t.num_embeddings * t.embedding_dim + self.batch * self.ids_per_bag * len(t.feature_names) * t.embedding_dim
+
+    # ---- display ------------------------------------------------------------------------------
+    def format_plan(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> str:
+        """The plan as a text table: one line per table, then per-rank memory and cost."""
+        est = self.estimate(plan, tables)
+        lines = [f"{'table':<16}{'sharding':<16}{'ranks':<14}{'rows x dim':<16}{'MiB/shard':>10}"]
+        for t in check_tables(tables):
+            ps = plan[t.name]
+            ranks = sorted({b.rank for b, _, _ in est.shards[t.name]})
+            mib = max(b for _, b, _ in est.shards[t.name]) / 2**20
+            lines.append(f"{t.name:<16}{ps.sharding_type.value:<16}{str(ranks):<14}"
+                         f"{f'{t.num_embeddings}x{t.embedding_dim}':<16}{mib:>10.2f}")
+        lines.append(f"{'rank':<8}{'memory MiB':>12}{'limit MiB':>12}{'cost (M ids*dim)':>18}")
+        for r in range(self.world):
+            lines.append(f"{r:<8}{est.memory[r] / 2**20:>12.2f}{self.memory[r] / 2**20:>12.2f}"
+                         f"{est.cost[r] / 1e6:>18.2f}")
+        return "\n".join(lines)
+
+    def print_plan(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> None:
+        print(self.format_plan(plan, tables))

@@ -1,0 +1,63 @@
+"""EmbeddingShardingPlanner: balance, memory limits, validation, and its storage estimate vs real shards."""
+
+import pytest
+
+from shardwise.embedding import (
+    EmbeddingBagConfig, EmbeddingShardingPlanner, ShardingType, row_wise, table_wise,
+)
+from shardwise.testing import run_on_ranks
+
+from . import common, workers
+
+
+def _tables(n=4, rows=1000, dim=16):
+    return [EmbeddingBagConfig(f"t{i}", rows, dim, [f"f{i}"]) for i in range(n)]
+
+
+def test_equal_tables_are_balanced_over_ranks():
+    planner = EmbeddingShardingPlanner(2, 2**30, sharding_types=[ShardingType.TABLE_WISE])
+    tables = _tables()
+    plan = planner.plan(tables)
+    ranks = sorted(ps.ranks[0] for ps in plan.values())
+    assert ranks == [0, 0, 1, 1]
+    est = planner.estimate(plan, tables)
+    assert est.cost[0] == est.cost[1] and est.memory[0] == est.memory[1]
+    text = planner.format_plan(plan, tables)
+    assert "t3" in text and "table_wise" in text and "memory MiB" in text
+
+
+def test_memory_limit_forces_splitting():
+    tables = _tables(n=1, rows=10_000, dim=16)
+    one_table = 10_000 * 16 * 4 * 2        # weights + Adagrad state
+    planner = EmbeddingShardingPlanner(2, int(one_table * 0.6))
+    plan = planner.plan(tables)
+    assert plan["t0"].sharding_type in (ShardingType.ROW_WISE, ShardingType.COLUMN_WISE)
+    est = planner.estimate(plan, tables)
+    assert max(est.memory) <= one_table * 0.6 and sum(est.memory) == one_table
+
+
+def test_impossible_plan_names_table_and_shortfall():
+    tables = _tables(n=2, rows=10_000, dim=16)
+    one_table = 10_000 * 16 * 4 * 2
+    planner = EmbeddingShardingPlanner(2, int(one_table * 0.75))  # t0 row-wise leaves 0.25 free, t1 needs 0.5
+    with pytest.raises(ValueError, match=r"table 't1' .* exceeds some rank's memory by at least 320000 bytes"):
+        planner.plan(tables)
+
+
+def test_estimate_validates_plan():
+    planner = EmbeddingShardingPlanner(2, 2**30)
+    tables = _tables(n=2)
+    with pytest.raises(ValueError, match=r"missing \['t1'\]"):
+        planner.estimate({"t0": table_wise(0)}, tables)
+    with pytest.raises(ValueError, match="outside world_size 2"):
+        planner.estimate({"t0": table_wise(2), "t1": row_wise()}, tables)
+    with pytest.raises(ValueError, match="optimizer='lamb' unknown"):
+        EmbeddingShardingPlanner(2, 2**30, optimizer="lamb")
+
+
+def test_estimate_matches_real_shards_and_plan_runs():
+    # storage estimate == bytes of each rank's real shards (weights + Adagrad state); the plan runs
+    for world in (2, 3):
+        for est_bytes, real_bytes, fwd_err in run_on_ranks(workers.planner_plan_runs, world):
+            assert est_bytes == real_bytes
+            assert fwd_err < 1e-5
