@@ -65,6 +65,7 @@ class OpDispatcher:
         self.cache = PropagationCache()
         self.fallback_to_replicate = False
         self._warned: set = set()
+        self.recording: Optional[list] = None  # set by the fast path to learn what one call did
 
     # -- hot path -------------------------------------------------------------------------------
     def __call__(self, op, args, kwargs):
@@ -103,6 +104,8 @@ class OpDispatcher:
             self.cache.put(key, plan)
         else:
             self.cache.hits += 1
+        if self.recording is not None:
+            self.recording.append((op, entry, plan))
         return self._run(plan, op, args, local_args, kwargs or {})
 
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from .dispatch import OpDispatcher
+from .fastpath import FastPath
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
 from .spec import DTensorSpec, chunk_range, local_shape_and_offset, mesh_coord, normalize_placements
@@ -90,7 +91,10 @@ class DTensor(torch.Tensor):
 
     _local_tensor: torch.Tensor
     _spec: DTensorSpec
-    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return _FASTPATH(func, args, kwargs)
 
     @staticmethod
     def __new__(cls, local_tensor: torch.Tensor, spec: DTensorSpec, *, requires_grad: bool = False):
@@ -212,6 +216,12 @@ class DTensor(torch.Tensor):
 
 
 _DISPATCHER = OpDispatcher(DTensor)
+_FASTPATH = FastPath(_DISPATCHER)
+
+
+def set_fast_path(enabled: bool) -> None:
+    """Turn the torch-function fast path for calls without autograd on (default) or off."""
+    _FASTPATH.enabled = bool(enabled)
 
 
 def set_fallback(enabled: bool) -> None:

@@ -1,0 +1,113 @@
+"""A coarse fast path above the dispatcher, for calls that need no autograd recording.
+
+At the ``__torch_function__`` level a call like ``torch.add(a, b)`` is keyed on (function, input specs,
+other arguments). The first time, it runs through the normal aten dispatch while the dispatcher
+records what it did; if that was exactly one aten op whose plan needs no redistribution and no local
+rewrites, the call is remembered as "run the same function on the local tensors, wrap with this
+spec". Later calls skip the dispatcher's Python re-entry and the per-op plan lookup altogether.
+Calls that need autograd (grad mode on and an input requires grad) always take the full path.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_SCALARS = (int, float, bool)
+_SLOW = object()  # this key never qualifies: go straight to the full path
+
+
+class FastPath:
+    def __init__(self, dispatcher, max_size: int = 8192):
+        self.dispatcher = dispatcher
+        self.plans: dict = {}
+        self.max_size = max_size
+        self.enabled = True
+        self.scalar_types_only: dict = {}  # func -> bool, learnt from its aten op's rule
+
+    def __call__(self, func, args, kwargs):
+        cls = self.dispatcher.cls
+        # everything below reads tensor attributes, which would re-enter __torch_function__
+        with torch._C.DisableTorchFunctionSubclass():
+            if self.enabled and not (torch.is_grad_enabled() and _any_requires_grad(args)):
+                key, local_args = self._key(func, args, kwargs, cls)
+                if key is not None:
+                    plan = self.plans.get(key)
+                    if plan is None:
+                        return self._learn(key, func, args, kwargs)
+                    if plan is not _SLOW:
+                        spec, inplace = plan
+                        out = func(*local_args, **kwargs) if kwargs else func(*local_args)
+                        return args[0] if inplace else cls._wrap(out, spec)
+            return func(*args, **kwargs) if kwargs else func(*args)
+
+    def _key(self, func, args, kwargs, cls):
+        insensitive = self.scalar_types_only.get(func, False)
+        key = [func]
+        local_args = list(args)
+        for i, a in enumerate(args):
+            if isinstance(a, cls):
+                key.append(a._spec)
+                local_args[i] = a._local_tensor
+            elif isinstance(a, torch.Tensor):
+                if a.ndim:
+                    return None, None  # let the full path raise its error
+                key.append((a.dtype,))
+            elif type(a) is list or type(a) is tuple:
+                if a and isinstance(a[0], torch.Tensor):
+                    if not all(isinstance(x, cls) for x in a):
+                        return None, None
+                    key.append(tuple(x._spec for x in a))
+                    local_args[i] = [x._local_tensor for x in a]
+                else:
+                    key.append(tuple(a))
+            elif insensitive and type(a) in _SCALARS:
+                key.append(type(a))
+            else:
+                key.append(a)
+        if kwargs:
+            for k, v in kwargs.items():
+                if isinstance(v, torch.Tensor):
+                    return None, None
+                key.append(k)
+                key.append(type(v) if insensitive and type(v) in _SCALARS else v)
+        try:
+            return tuple(key), local_args
+        except TypeError:
+            return None, None
+
+    def _learn(self, key, func, args, kwargs):
+        disp = self.dispatcher
+        disp.recording = []
+        try:
+            out = func(*args, **kwargs) if kwargs else func(*args)
+        finally:
+            recorded, disp.recording = disp.recording, None
+        plan = _SLOW
+        if len(recorded) == 1:
+            op, entry, oplan = recorded[0]
+            self.scalar_types_only.setdefault(func, bool(entry and entry.scalar_insensitive))
+            simple = not oplan.redist and oplan.local is None
+            if simple and oplan.out_kind == "tensor" and isinstance(out, disp.cls) and out._spec is oplan.out_specs[0]:
+                plan = (oplan.out_specs[0], False)
+            elif simple and oplan.out_kind == "inplace" and out is args[0]:
+                plan = (None, True)
+        try:
+            hashable_key = self._key(func, args, kwargs, disp.cls)[0] or key
+        except TypeError:
+            return out
+        if len(self.plans) >= self.max_size:
+            self.plans.pop(next(iter(self.plans)))
+        self.plans[hashable_key] = plan
+        return out
+
+
+def _any_requires_grad(args) -> bool:
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            if a.requires_grad:
+                return True
+        elif type(a) is list or type(a) is tuple:
+            for x in a:
+                if isinstance(x, torch.Tensor) and x.requires_grad:
+                    return True
+    return False
