@@ -1,0 +1,147 @@
+"""Row-wise sharded embedding lookup: shardwise vs PyTorch DTensor vs a hand-written lookup vs unsharded.
+
+For each world size, table size and dim: a Shard(0) table, 4096 replicated ids, the output reduced to
+Replicate (one all-reduce). ``fwd`` times the lookup + reduction; ``fwd_bwd`` adds the backward of a
+fixed output gradient. The hand-written lookup masks ids outside the local rows, looks up the clamped
+local ids, zeroes the masked rows by a 0/1 multiply and all-reduces (``dist.all_reduce``); it is the
+floor for any row-wise scheme. ``unsharded`` is plain F.embedding on the whole table, timed on rank 0
+alone. Medians (us per call) after warm-up; one thread per rank; one JSON line per (config, mode).
+
+    python benchmarks/embedding.py                  # worlds 2 and 4, V in {1e4, 1e6}, dim in {64, 128}
+    python benchmarks/embedding.py --worlds 2 --rows 10000 --dims 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _launch import emit, spawn, time_us  # noqa: E402
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """Sum over ranks; the gradient of a replicated result is already replicated (identity)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def _hand_lookup(weight, ids, start):
+    rows = weight.shape[0]
+    local = ids - start
+    owned = (local >= 0) & (local < rows)
+    out = F.embedding(local.clamp(0, max(rows - 1, 0)), weight) * owned.unsqueeze(-1)
+    return _AllReduceSum.apply(out)
+
+
+def _timing(v: int) -> dict:
+    # keep the default run to minutes: few, longer calls for the big tables
+    return dict(warmup=2, reps=5, inner=3) if v >= 100_000 else dict(warmup=10, reps=7, inner=20)
+
+
+def _variants(rank, world, mesh, tmesh, v, d, n_ids):
+    import torch.distributed.tensor as tdt
+
+    import shardwise.tensor as sw
+    from shardwise.tensor.spec import chunk_range
+
+    start, rows = chunk_range(v, world, rank)
+    local = torch.randn(rows, d, generator=torch.Generator().manual_seed(rank))
+    ids = torch.randint(0, v, (n_ids,), generator=torch.Generator().manual_seed(0))
+    grad = torch.randn(n_ids, d, generator=torch.Generator().manual_seed(1))
+    ours_w = sw.DTensor.from_local(local, mesh, [sw.Shard(0)], shape=(v, d)).detach().requires_grad_()
+    torch_w = tdt.DTensor.from_local(local, tmesh, [tdt.Shard(0)], shape=(v, d), stride=(d, 1))
+    torch_w = torch_w.detach().requires_grad_()
+    hand_w = local.clone().requires_grad_()
+
+    def ours():
+        return F.embedding(sw.DTensor.from_local(ids, mesh, [sw.Replicate()]), ours_w).full_tensor()
+
+    def theirs():
+        return F.embedding(tdt.DTensor.from_local(ids, tmesh, [tdt.Replicate()]), torch_w).full_tensor()
+
+    def hand():
+        return _hand_lookup(hand_w, ids, start)
+
+    torch.testing.assert_close(ours(), hand())
+    torch.testing.assert_close(theirs(), hand())
+    return {"ours": (ours, ours_w), "torch_dtensor": (theirs, torch_w), "hand": (hand, hand_w)}, ids, grad
+
+
+def _fwd_bwd(fn, weight, grad):
+    def run():
+        fn().backward(grad)
+        weight.grad = None
+
+    return run
+
+
+def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
+    variants, ids, grad = _variants(rank, world, mesh, tmesh, v, d, n_ids)
+    timing = _timing(v)
+    results = {"fwd": {}, "fwd_bwd": {}}
+    for name, (fn, weight) in variants.items():
+        with torch.no_grad():
+            results["fwd"][name] = time_us(fn, sync=dist.barrier, **timing)
+        results["fwd_bwd"][name] = time_us(_fwd_bwd(fn, weight, grad), sync=dist.barrier, **timing)
+    del variants
+    gc.collect()
+    if rank == 0:  # unsharded: the whole table on one rank, nobody to talk to
+        table = torch.randn(v, d).requires_grad_()
+        with torch.no_grad():
+            results["fwd"]["unsharded"] = time_us(lambda: F.embedding(ids, table), **timing)
+        results["fwd_bwd"]["unsharded"] = time_us(_fwd_bwd(lambda: F.embedding(ids, table), table, grad), **timing)
+        del table
+    dist.barrier()
+    rows = []
+    for mode, t in results.items():
+        row = {"bench": "embedding_rowwise", "mode": mode, "world": world, "num_embeddings": v, "dim": d,
+               "ids": n_ids}
+        row.update({f"{k}_us": round(x, 1) for k, x in t.items()})
+        if rank == 0:
+            row["ratio_ours/hand"] = round(t["ours"] / t["hand"], 3)
+            row["ratio_ours/torch_dtensor"] = round(t["ours"] / t["torch_dtensor"], 3)
+            row["ratio_ours/unsharded"] = round(t["ours"] / t["unsharded"], 3)
+        rows.append(row)
+    return rows
+
+
+def _bench(rank, world, configs, n_ids):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (world,))
+    tmesh = mesh  # one DeviceMesh serves both libraries
+    rows = []
+    for v, d in configs:
+        rows += _bench_config(rank, world, mesh, tmesh, v, d, n_ids)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worlds", type=int, nargs="+", default=[2, 4])
+    ap.add_argument("--rows", type=int, nargs="+", default=[10_000, 1_000_000])
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--ids", type=int, default=4096)
+    args = ap.parse_args(argv)
+    configs = [(v, d) for v in args.rows for d in args.dims]
+    for world in args.worlds:
+        for row in spawn(_bench, world, configs, args.ids):
+            emit(row)
+
+
+if __name__ == "__main__":
+    main()
