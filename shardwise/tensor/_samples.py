@@ -181,13 +181,10 @@ def _with_scalars(op, m):
     return [S(m.pos(5, 3), *scalars), S(m.f(2), *scalars), S(m.f(4, 3), *scalars)]
 
 
-@_on(aten.round.decimals)
-def _round_decimals(op, m):
-    return [S(m.f(5, 3), decimals=1)]
-
-
-@_on(aten.div.Scalar_mode, aten.div_.Scalar_mode)
-def _div_scalar_mode(op, m):
+@_on(aten.div.Scalar_mode, aten.div_.Scalar_mode, aten.round.decimals)
+def _scalar_kwarg(op, m):
+    if op is aten.round.decimals:
+        return [S(m.f(5, 3), decimals=1), S(m.f(2) * 10, decimals=-1)]
     return [S(m.f(5, 3), 0.7, rounding_mode="floor"), S(m.f(3), -2.0, rounding_mode="trunc")]
 
 
@@ -242,11 +239,6 @@ def _div_mode(op, m):
     return [S(m.f(5, 3) * 4, m.pos(3), rounding_mode="floor"), S(m.f(5, 3) * 4, m.pos(5, 3), rounding_mode="trunc")]
 
 
-@_on(aten.pow.Scalar)
-def _pow_scalar(op, m):
-    return [S(2.0, m.f(5, 3)), S(3, m.f(2))]
-
-
 @_on(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor)
 def _bitwise(op, m):
     return [S(m.i(5, 3), m.i(5, 3)), S(m.i(5, 3), m.i(3)), S(m.b(5, 3), m.b(3))]
@@ -257,9 +249,9 @@ def _bitwise_scalar(op, m):
     return [S(m.i(5, 3), 6), S(m.i(2), 3)]
 
 
-@_on(aten.bitwise_and.Scalar_Tensor, aten.bitwise_or.Scalar_Tensor, aten.remainder.Scalar_Tensor)
+@_on(aten.bitwise_and.Scalar_Tensor, aten.bitwise_or.Scalar_Tensor, aten.remainder.Scalar_Tensor, aten.pow.Scalar)
 def _scalar_tensor(op, m):
-    return [S(6, m.i(5, 3, lo=1)), S(3, m.i(2, lo=1))]
+    return [S(6, m.i(5, 3, lo=1)), S(3, m.i(2, lo=1))] + ([S(2.0, m.f(5, 3))] if op is aten.pow.Scalar else [])
 
 
 @_on(aten.logical_and.default, aten.logical_or.default)
@@ -542,6 +534,25 @@ def _layer_norm_backward(op, m):
     return out
 
 
+# --- embedding (row-wise tables: ids spread over every rank's row block) -------------------------------
+
+@_on(aten.embedding.default)
+def _embedding(op, m):
+    return [S(m.f(10, 4), m.i(5, 3, hi=10)), S(m.f(3, 5), m.i(7, hi=3)), S(m.f(10, 4), m.i(5, hi=10), 2),
+            S(m.f(10, 4), m.i(2, 3, hi=10), scale_grad_by_freq=True)]
+
+
+@_on(aten.embedding_dense_backward.default)
+def _embedding_backward(op, m):
+    return [S(m.f(5, 3, 4), m.i(5, 3, hi=10), 10, -1, False), S(m.f(7, 5), m.i(7, hi=3), 3, 1, False),
+            S(m.f(5, 3, 4), m.i(5, 3, hi=10), 10, 2, True)]
+
+
+@_on(aten.embedding_renorm_.default)
+def _embedding_renorm(op, m):
+    return [S(m.f(10, 4) * 3, m.i(6, hi=10), 1.0, 2.0), S(m.f(3, 5) * 3, m.i(4, hi=3), 0.5, 1.0)]
+
+
 # --- foreach: arguments made from the overload's schema -----------------------------------------------
 
 def _foreach_arg(a, m, pos: bool):
@@ -570,8 +581,7 @@ def _foreach(op, m):
         else:
             args.append(_foreach_arg(a, m, pos))
     out = [Sample(tuple(args), kwargs)]
-    if "Tensor" in op._overloadname:
-        # a 0-d operand as a replicated DTensor, too
+    if any(isinstance(a, Plain) for a in args):  # the 0-d operand as a replicated DTensor, too
         out.append(Sample(tuple(a.t if isinstance(a, Plain) else a for a in args), kwargs))
     return out
 
