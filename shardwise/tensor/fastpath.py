@@ -29,7 +29,13 @@ class FastPath:
         # everything below reads tensor attributes, which would re-enter __torch_function__
         with torch._C.DisableTorchFunctionSubclass():
             if self.enabled and not (torch.is_grad_enabled() and _any_requires_grad(args)):
-                key, local_args = self._key(func, args, kwargs, cls)
+                n = len(args)
+                if not kwargs and n <= 2 and all(type(a) is cls for a in args):
+                    # the common shapes (unary and binary ops on DTensors) skip the general walk
+                    key = (func, args[0]._spec, args[1]._spec) if n == 2 else (func, args[0]._spec) if n else None
+                    local_args = [a._local_tensor for a in args]
+                else:
+                    key, local_args = self._key(func, args, kwargs, cls)
                 if key is not None:
                     plan = self.plans.get(key)
                     if plan is None:
