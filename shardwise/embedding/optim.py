@@ -49,35 +49,37 @@ class RowWiseAdagrad(torch.optim.Optimizer):
         return loss
 
 
+# Rows are unique, so gather (index_select) -> compute in place -> index_copy_/index_add_ is exact;
+# those row ops are several times faster on CPU than advanced indexing (t[rows], t[rows] = x).
+
 def sgd_update(weight, state, rows, grad, hp):
     weight.index_add_(0, rows, grad, alpha=-hp["lr"])
 
 
 def adagrad_update(weight, state, rows, grad, hp):
-    step = state["step"]
-    clr = hp["lr"] / (1 + (step - 1) * hp["lr_decay"])
-    acc = state["sum"][rows].addcmul_(grad, grad, value=1)
-    state["sum"][rows] = acc
-    std = acc.sqrt().add_(hp["eps"])
-    weight.index_add_(0, rows, grad / std, alpha=-clr)
+    clr = hp["lr"] / (1 + (state["step"] - 1) * hp["lr_decay"])
+    acc = state["sum"].index_select(0, rows).addcmul_(grad, grad, value=1)
+    state["sum"].index_copy_(0, rows, acc)
+    std = acc.sqrt_().add_(hp["eps"])
+    weight.index_add_(0, rows, grad.div(std), alpha=-clr)
 
 
 def adam_update(weight, state, rows, grad, hp):
     step = state["step"]
     beta1, beta2 = hp["betas"]
-    m = state["exp_avg"][rows].lerp_(grad, 1 - beta1)
-    v = state["exp_avg_sq"][rows].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    state["exp_avg"][rows] = m
-    state["exp_avg_sq"][rows] = v
+    m = state["exp_avg"].index_select(0, rows).lerp_(grad, 1 - beta1)
+    v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    state["exp_avg"].index_copy_(0, rows, m)
+    state["exp_avg_sq"].index_copy_(0, rows, v)
     step_size = hp["lr"] / (1 - beta1 ** step)
-    denom = (v.sqrt() / math.sqrt(1 - beta2 ** step)).add_(hp["eps"])
-    weight.index_add_(0, rows, m / denom, alpha=-step_size)
+    denom = v.sqrt_().div_(math.sqrt(1 - beta2 ** step)).add_(hp["eps"])
+    weight.index_add_(0, rows, m.div_(denom), alpha=-step_size)
 
 
 def row_wise_adagrad_update(weight, state, rows, grad, hp):
-    acc = state["sum"][rows] + (grad * grad).mean(dim=1)
-    state["sum"][rows] = acc
-    std = acc.sqrt().add_(hp["eps"])
+    acc = state["sum"].index_select(0, rows) + (grad * grad).mean(dim=1)
+    state["sum"].index_copy_(0, rows, acc)
+    std = acc.sqrt_().add_(hp["eps"])
     weight.index_add_(0, rows, grad / std.unsqueeze(1), alpha=-hp["lr"])
 
 

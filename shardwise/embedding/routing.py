@@ -85,18 +85,15 @@ class Routing:
         return (torch.tensor(units, dtype=torch.int64, device=device),
                 torch.tensor(shifts, dtype=torch.int64, device=device), counts)
 
-    def output_index(self, dests: Sequence[int], batch: int, device) -> torch.Tensor:
-        """Flat positions in this rank's [batch, total_dim] output of the pooled blocks it receives
-        from ``dests`` (slot-major, then sample, then column)."""
-        rows = torch.arange(batch, device=device).unsqueeze(1) * self.spec.total_dim
-        parts = []
+    def output_slots(self, dests: Sequence[int]) -> list[tuple[str, int, int]]:
+        """(feature, first column within the feature, columns) of each pooled block received from
+        ``dests``, in the order they arrive (destination, then that destination's slot order)."""
+        out = []
         for d in dests:
             for i, fi, _, _ in self.slots[d]:
                 b = self.boxes[i]
-                first = self.spec.feature_cols[self.features[fi][0]] + b.col_offset
-                cols = torch.arange(first, first + b.col_size, device=device).unsqueeze(0)
-                parts.append((rows + cols).flatten())
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64, device=device)
+                out.append((self.features[fi][0], b.col_offset, b.col_size))
+        return out
 
     def uniform(self) -> bool:
         """True when every rank receives the same (table, feature, columns) slot pattern, so pooled

@@ -116,26 +116,31 @@ class ShardedEmbeddingBagCollection(nn.Module):
             sizes = [row[0] for row in all_gather_ints([batch], topo.world_size, topo.group, topo.device)]
         else:
             sizes = [batch if r == topo.rank else 0 for r in range(topo.world_size)]
-        out = torch.zeros(batch * self._total_dim, dtype=self._dtype, device=topo.device)
+        blocks: dict = {}
         for g in self._groups:
             routed = g.stages.input_dist(kjt, sizes)
             pooled = g.stages.lookup(routed)
-            out = g.stages.output_dist(pooled, routed, out, batch, sizes)
-        out = out.view(batch, self._total_dim)
-        if any(self._mean_mask):
-            out = out / self._mean_denominator(kjt, batch)
-        return KeyedTensor(self._features, self._dims, out)
+            for f, c0, blk in g.stages.output_dist(pooled, routed, batch, sizes):
+                blocks.setdefault(f, []).append((c0, blk))
+        pieces = [self._assemble(f, blocks.get(f, []), batch, kjt if mean else None)
+                  for f, mean in zip(self._features, self._mean_mask)]
+        return KeyedTensor(self._features, self._dims, torch.cat(pieces, dim=1))
 
-    def _mean_denominator(self, kjt: KeyedJaggedTensor, batch: int) -> torch.Tensor:
-        keys, blocks = kjt.keys(), []
-        for f, d, mean in zip(self._features, self._dims, self._mean_mask):
-            if mean and f in keys:
-                k = keys.index(f)
-                n = kjt.lengths()[k * batch:(k + 1) * batch].clamp(min=1).to(self._dtype)
-                blocks.append(n.unsqueeze(1).expand(batch, d))
-            else:
-                blocks.append(torch.ones(batch, d, dtype=self._dtype, device=self._topo.device))
-        return torch.cat(blocks, dim=1)
+    def _assemble(self, feature: str, parts: list, batch: int, mean_kjt) -> torch.Tensor:
+        """One feature's [batch, dim] output: add row-block partials, place column blocks."""
+        by_col: dict = {}
+        for c0, blk in parts:   # arrival order is fixed by the routing, so sums are deterministic
+            by_col[c0] = blk if c0 not in by_col else by_col[c0] + blk
+        if not by_col:
+            dim = self._dims[self._features.index(feature)]
+            return torch.zeros(batch, dim, dtype=self._dtype, device=self._topo.device)
+        cols = [by_col[c] for c in sorted(by_col)]
+        out = cols[0] if len(cols) == 1 else torch.cat(cols, dim=1)
+        if mean_kjt is not None and feature in mean_kjt.keys():
+            k = mean_kjt.keys().index(feature)
+            n = mean_kjt.lengths()[k * batch:(k + 1) * batch].clamp(min=1).to(self._dtype)
+            out = out / n.unsqueeze(1)
+        return out
 
     # ---- state ----------------------------------------------------------------------------------
     def _table_shards(self, what: Optional[str] = None, per_row: bool = False):

@@ -73,31 +73,44 @@ class ShardStore:
         return src[base:base + self.boxes[i].row_size]
 
     @torch.no_grad()
-    def apply_gradient(self, w: int, ids: torch.Tensor, grads: torch.Tensor) -> None:
-        """Sparse optimizer step on buffer ``w`` from per-id gradient rows (duplicates are summed)."""
+    def apply_gradient(self, w: int, rows: torch.Tensor, grad_rows: torch.Tensor) -> None:
+        """Sparse optimizer step on buffer ``w``: ``rows`` unique, ``grad_rows`` their summed gradients."""
         if self.rule is None:
             return
         if self.sync_group is not None:
-            rows, grad_rows = self._summed_over_ranks(w, ids, grads)
-        else:
-            rows, inverse = torch.unique(ids, return_inverse=True)
-            grad_rows = grads.new_zeros(rows.numel(), grads.shape[1]).index_add_(0, inverse, grads)
+            rows, grad_rows = self._summed_over_ranks(w, rows, grad_rows)
         self.steps[w] += 1
         state = self.states[w]
         state["step"] = self.steps[w]
         self.rule.update(self.buffers[w], state, rows, grad_rows, self.hp)
         del state["step"]
 
-    def _summed_over_ranks(self, w: int, ids: torch.Tensor, grads: torch.Tensor):
+    def _summed_over_ranks(self, w: int, rows: torch.Tensor, grad_rows: torch.Tensor):
         # Replicas must apply the same update: all-reduce a dense [rows, dim + 1] buffer whose last
         # column counts touches, so "touched anywhere" is decided from shared data.
         buf = self.buffers[w]
-        dense = grads.new_zeros(buf.shape[0], buf.shape[1] + 1)
-        dense[:, :-1].index_add_(0, ids, grads)
-        dense[:, -1].index_add_(0, ids, torch.ones_like(ids, dtype=grads.dtype))
+        dense = grad_rows.new_zeros(buf.shape[0], buf.shape[1] + 1)
+        dense.index_copy_(0, rows, torch.cat([grad_rows, torch.ones_like(grad_rows[:, :1])], dim=1))
         dist.all_reduce(dense, group=self.sync_group)
-        rows = torch.nonzero(dense[:, -1] > 0).flatten()
-        return rows, dense[rows, :-1]
+        touched = torch.nonzero(dense[:, -1] > 0).flatten()
+        return touched, dense.index_select(0, touched)[:, :-1].contiguous()
+
+
+def summed_row_gradients(ids, offsets, psw, grad):
+    """(unique ids, per-id sum over occurrences of weight x grad of its bag), without materialising
+    one gradient row per occurrence: an embedding_bag over ``grad`` whose bags are the ids' bags,
+    grouped by id."""
+    lengths = offsets[1:] - offsets[:-1]
+    bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
+                                  output_size=ids.numel())
+    sorted_ids, order = torch.sort(ids)
+    rows, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    seg = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=ids.device)
+    torch.cumsum(counts, 0, out=seg[1:])
+    weights = None if psw is None else psw.index_select(0, order)
+    summed = F.embedding_bag(bag.index_select(0, order), grad.contiguous(), seg, mode="sum",
+                             per_sample_weights=weights, include_last_offset=True)
+    return rows, summed
 
 
 class FusedLookup(torch.autograd.Function):
@@ -116,11 +129,6 @@ class FusedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ids, offsets, psw = ctx.saved_tensors
-        lengths = offsets[1:] - offsets[:-1]
-        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
-                                      output_size=ids.numel())
-        g = grad.index_select(0, bag)
-        if psw is not None:
-            g = g * psw.unsqueeze(1)
-        ctx.store.apply_gradient(ctx.w, ids, g)
+        rows, grad_rows = summed_row_gradients(ids, offsets, psw, grad)
+        ctx.store.apply_gradient(ctx.w, rows, grad_rows)
         return None, None, None, None, None, None

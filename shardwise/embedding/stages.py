@@ -169,38 +169,48 @@ class GroupedLookup:
 
 
 def _send_buffer(pooled: list[torch.Tensor], routed: Routed, n_sources: int, dtype, device):
-    """Pooled blocks ordered (source, width, slot, sample, column), flattened, with sizes per source."""
+    """Pooled blocks ordered (source, width, slot, sample, column), flattened, with sizes per source.
+
+    torch.split (not slicing) so the backward is one cat instead of a zero-filled copy per slice.
+    """
+    per_width = [torch.split(p, routed.bags_per_source[w]) for w, p in enumerate(pooled)]
     pieces, sizes = [], [0] * n_sources
-    starts = [0] * len(pooled)
     for s in range(n_sources):
-        for w, p in enumerate(pooled):
-            n = routed.bags_per_source[w][s]
-            pieces.append(p[starts[w]:starts[w] + n].reshape(-1))
-            sizes[s] += n * p.shape[1]
-            starts[w] += n
+        for w, parts in enumerate(per_width):
+            pieces.append(parts[s].reshape(-1))
+            sizes[s] += parts[s].numel()
     send = torch.cat(pieces) if pieces else torch.zeros(0, dtype=dtype, device=device)
     return send, sizes
 
 
+def _blocks(recv: torch.Tensor, slots: list, batch: int) -> list[tuple[str, int, torch.Tensor]]:
+    """Cut a received flat buffer into its [batch, columns] blocks, tagged (feature, first column)."""
+    if not slots:
+        return []
+    parts = torch.split(recv, [batch * cs for _, _, cs in slots])
+    return [(f, c0, part.view(batch, cs)) for (f, c0, cs), part in zip(slots, parts)]
+
+
 class AllToAllOutputDist:
-    """Pooled blocks back to their sample owners with one all-to-all, then added into place."""
+    """Pooled blocks back to their sample owners with one all-to-all.
+
+    Returns [(feature, first column, [batch, columns] block)]; blocks of one feature and column
+    range from several row blocks are partial sums the caller adds.
+    """
 
     def __init__(self, routing: Routing, topo: Topology, anchor: torch.Tensor, dtype):
         self.routing, self.topo, self.anchor, self.dtype = routing, topo, anchor, dtype
-        self._index: dict[int, torch.Tensor] = {}
+        self.slots = routing.output_slots(range(topo.world_size))
 
     def _recv_sizes(self, batch: int) -> list[int]:
         return [batch * sum(self.routing.boxes[i].col_size for i, _, _, _ in self.routing.slots[d])
                 for d in range(self.topo.world_size)]
 
-    def __call__(self, pooled, routed: Routed, out_flat: torch.Tensor, batch: int,
-                 batch_sizes: Optional[list] = None) -> torch.Tensor:
+    def __call__(self, pooled, routed: Routed, batch: int, batch_sizes: Optional[list] = None):
         topo = self.topo
         send, send_sizes = _send_buffer(pooled, routed, topo.world_size, self.dtype, topo.device)
         recv = AllToAll.apply(self.anchor, send, send_sizes, self._recv_sizes(batch), topo.group)
-        if batch not in self._index:
-            self._index[batch] = self.routing.output_index(range(topo.world_size), batch, topo.device)
-        return out_flat.index_add(0, self._index[batch], recv)
+        return _blocks(recv, self.slots, batch)
 
 
 class ReduceScatterOutputDist(AllToAllOutputDist):
@@ -214,27 +224,25 @@ class ReduceScatterOutputDist(AllToAllOutputDist):
         super().__init__(routing, topo, anchor, dtype)
         fast_backend = topo.device.type == "cuda" if force is None else force
         self.enabled = fast_backend and routing.uniform()
+        self.reduced_slots = routing.output_slots([0]) if routing.uniform() else []
 
-    def __call__(self, pooled, routed: Routed, out_flat: torch.Tensor, batch: int,
-                 batch_sizes: Optional[list] = None) -> torch.Tensor:
+    def __call__(self, pooled, routed: Routed, batch: int, batch_sizes: Optional[list] = None):
         if not self.enabled or batch_sizes is None or len(set(batch_sizes)) != 1:
-            return super().__call__(pooled, routed, out_flat, batch, batch_sizes)
+            return super().__call__(pooled, routed, batch, batch_sizes)
         topo = self.topo
         send, _ = _send_buffer(pooled, routed, topo.world_size, self.dtype, topo.device)
         mine = ReduceScatter.apply(self.anchor, send, topo.world_size, topo.group)
-        key = -1 - batch
-        if key not in self._index:
-            self._index[key] = self.routing.output_index([0], batch, topo.device)
-        return out_flat.index_add(0, self._index[key], mine)
+        return _blocks(mine, self.reduced_slots, batch)
 
 
 class LocalOutputDist(AllToAllOutputDist):
     """Data-parallel: the pooled blocks are already on the sample owner."""
 
-    def __call__(self, pooled, routed: Routed, out_flat: torch.Tensor, batch: int,
-                 batch_sizes: Optional[list] = None) -> torch.Tensor:
+    def __init__(self, routing: Routing, topo: Topology, anchor: torch.Tensor, dtype):
+        super().__init__(routing, topo, anchor, dtype)
+        self.slots = routing.output_slots([topo.rank])
+
+    def __call__(self, pooled, routed: Routed, batch: int, batch_sizes: Optional[list] = None):
         flat = [p.reshape(-1) for p in pooled]
-        recv = torch.cat(flat) if flat else out_flat.new_zeros(0)
-        if batch not in self._index:
-            self._index[batch] = self.routing.output_index([self.topo.rank], batch, self.topo.device)
-        return out_flat.index_add(0, self._index[batch], recv)
+        recv = torch.cat(flat) if len(flat) > 1 else (flat[0] if flat else torch.zeros(0, dtype=self.dtype))
+        return _blocks(recv, self.slots, batch)
