@@ -41,9 +41,15 @@ class FastPath:
                     if plan is None:
                         return self._learn(key, func, args, kwargs)
                     if plan is not _SLOW:
-                        spec, inplace = plan
+                        spec, mode = plan
                         out = func(*local_args, **kwargs) if kwargs else func(*local_args)
-                        return args[0] if inplace else cls._wrap(out, spec)
+                        if mode == "wrap":
+                            return cls._wrap(out, spec)
+                        if mode == "self":
+                            return args[0]
+                        if mode == "seq":
+                            return [cls._wrap(o, s) for o, s in zip(out, spec)]
+                        return out
             return func(*args, **kwargs) if kwargs else func(*args)
 
     def _key(self, func, args, kwargs, cls):
@@ -93,10 +99,15 @@ class FastPath:
             op, entry, oplan = recorded[0]
             self.scalar_types_only.setdefault(func, bool(entry and entry.scalar_insensitive))
             simple = not oplan.redist and oplan.local is None
-            if simple and oplan.out_kind == "tensor" and isinstance(out, disp.cls) and out._spec is oplan.out_specs[0]:
-                plan = (oplan.out_specs[0], False)
-            elif simple and oplan.out_kind == "inplace" and out is args[0]:
-                plan = (None, True)
+            kind = oplan.out_kind
+            if simple and kind == "tensor" and isinstance(out, disp.cls) and out._spec is oplan.out_specs[0]:
+                plan = (oplan.out_specs[0], "wrap")
+            elif simple and kind == "inplace" and out is args[0]:
+                plan = (None, "self")
+            elif simple and kind == "raw" and out is None:  # in-place foreach ops
+                plan = (None, "none")
+            elif simple and kind == "seq" and type(out) is list and all(s is not None for s in oplan.out_specs):
+                plan = (tuple(oplan.out_specs), "seq")
         try:
             hashable_key = self._key(func, args, kwargs, disp.cls)[0] or key
         except TypeError:
