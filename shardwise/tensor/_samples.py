@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import torch
 from torch.ops import aten
 
-__all__ = ["Sample", "Plain", "sample_inputs", "sampled_ops"]
+__all__ = ["Sample", "Plain", "sample_inputs"]
 
 _DT = {torch.float32: "f32", torch.float64: "f64", torch.int64: "i64", torch.bool: "b", torch.int32: "i32"}
 
@@ -48,7 +48,12 @@ def _label(x) -> str:
 class Sample:
     """One call of an op on full tensors. ``plain`` holds the tensor-leaf indices of plain tensors
     (give them as ``Plain(t)``); ``undefined``: the op's values are uninitialised (empty_like), only
-    shapes are compared; ``random``: the RNG is reseeded with ``seed`` before every call."""
+    shapes are compared; ``random``: the RNG is reseeded with ``seed`` before every call.
+
+    >>> s = Sample((torch.ones(5, 3), Plain(torch.tensor(2.0))))
+    >>> s.label, s.plain
+    ('f32[5,3], plain f32[]', frozenset({1}))
+    """
 
     args: tuple
     kwargs: dict = field(default_factory=dict)
@@ -124,10 +129,6 @@ def sample_inputs(op, seed: int = 0) -> Optional[list]:
     if fn is None:
         return None
     return fn(op, _Maker(seed * 1000003 + zlib.crc32(str(op).encode())))
-
-
-def sampled_ops() -> list:
-    return sorted(_BUILDERS, key=str)
 
 
 # --- pointwise ------------------------------------------------------------------------------------
@@ -597,3 +598,16 @@ def _register_foreach():
 
 
 _register_foreach()
+
+
+# --- norms (sharded reductions run a collective kernel: checked on real ranks too) ----------------------
+
+@_on(aten.linalg_vector_norm.default)
+def _vector_norm(op, m):
+    return [S(m.f(5, 3)), S(m.f(5, 3), 1.0, [0]), S(m.f(5, 3), float("inf"), [1], True), S(m.f(2, 7), 3.0),
+            S(m.f(4, 3), 0.0)]
+
+
+@_on(aten._foreach_norm.Scalar)
+def _foreach_norm(op, m):
+    return [S([m.f(5, 3), m.f(2), m.f(3, 1)], 2.0), S([m.f(5, 3), m.f(4)], float("inf"))]

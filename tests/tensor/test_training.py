@@ -111,3 +111,38 @@ def test_low_precision_ops():
     for res in run_on_ranks(low_precision, 2):
         for dtype, (same_dtype, err) in res.items():
             assert same_dtype and err < 1e-2, (dtype, err)
+
+
+def clip_and_norms(rank, world):
+    from shardwise.tensor import Shard, distribute_tensor
+
+    mesh = worker_mesh((world,))
+    ref = _mlp()
+    model = _mlp()
+    _distribute_mlp(model, mesh)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 12, generator=g), torch.randint(0, 5, (8,), generator=g)
+    from shardwise.tensor import Replicate
+
+    dx, dy = distribute_tensor(x, mesh, [Replicate()]), distribute_tensor(y, mesh, [Replicate()])
+    F.cross_entropy(ref(x), y).backward()
+    F.cross_entropy(model(dx), dy).backward()
+    out = {}
+    for foreach in (False, True):
+        for p in (2.0, 1.0, float("inf")):
+            ours = torch.nn.utils.get_total_norm([q.grad for q in model.parameters()], p, foreach=foreach)
+            theirs = torch.nn.utils.get_total_norm([q.grad for q in ref.parameters()], p, foreach=foreach)
+            out[(foreach, p)] = abs(ours.full_tensor().item() - theirs.item())
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1, foreach=True)
+    torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.1)
+    out["clipped"] = max((a.grad.full_tensor() - b.grad).abs().max().item()
+                         for a, b in zip(model.parameters(), ref.parameters()))
+    z = torch.arange(10.0)
+    out["uneven"] = abs(torch.linalg.vector_norm(distribute_tensor(z, mesh, [Shard(0)])).full_tensor().item()
+                        - torch.linalg.vector_norm(z).item())
+    return out
+
+
+def test_gradient_norms_and_clipping_on_sharded_grads():
+    for res in run_on_ranks(clip_and_norms, 4):
+        assert max(res.values()) < 1e-5, res
