@@ -5,7 +5,8 @@ Replicate (one all-reduce). ``fwd`` times the lookup + reduction; ``fwd_bwd`` ad
 fixed output gradient. The hand-written lookup masks ids outside the local rows, looks up the clamped
 local ids, zeroes the masked rows by a 0/1 multiply and all-reduces (``dist.all_reduce``); it is the
 floor for any row-wise scheme. ``unsharded`` is plain F.embedding on the whole table, timed on rank 0
-alone. Medians (us per call) after warm-up; one thread per rank; one JSON line per (config, mode).
+alone. Medians (us per call) after a warm-up round, variants timed round-robin so background load
+hits them alike; one thread per rank; one JSON line per (config, mode).
 
     python benchmarks/embedding.py                  # worlds 2 and 4, V in {1e4, 1e6}, dim in {64, 128}
     python benchmarks/embedding.py --worlds 2 --rows 10000 --dims 64
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import statistics
 import sys
 
 import torch
@@ -49,7 +51,19 @@ def _hand_lookup(weight, ids, start):
 
 def _timing(v: int) -> dict:
     # keep the default run to minutes: few, longer calls for the big tables
-    return dict(warmup=2, reps=5, inner=3) if v >= 100_000 else dict(warmup=10, reps=7, inner=20)
+    return dict(rounds=5, inner=2) if v >= 100_000 else dict(rounds=9, inner=15)
+
+
+def _interleaved(fns: dict, rounds: int, inner: int, sync=None) -> dict:
+    """Median us per call of each fn, timing one block of each per round (round-robin), so load
+    from other processes hits every variant alike; the first round is warm-up."""
+    samples = {k: [] for k in fns}
+    for r in range(rounds + 1):
+        for k, fn in fns.items():
+            t = time_us(fn, warmup=inner if r == 0 else 0, reps=1, inner=inner, sync=sync)
+            if r:
+                samples[k].append(t)
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def _variants(rank, world, mesh, tmesh, v, d, n_ids):
@@ -92,18 +106,17 @@ def _fwd_bwd(fn, weight, grad):
 def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
     variants, ids, grad = _variants(rank, world, mesh, tmesh, v, d, n_ids)
     timing = _timing(v)
-    results = {"fwd": {}, "fwd_bwd": {}}
-    for name, (fn, weight) in variants.items():
-        with torch.no_grad():
-            results["fwd"][name] = time_us(fn, sync=dist.barrier, **timing)
-        results["fwd_bwd"][name] = time_us(_fwd_bwd(fn, weight, grad), sync=dist.barrier, **timing)
+    with torch.no_grad():
+        fwd = _interleaved({k: fn for k, (fn, _) in variants.items()}, sync=dist.barrier, **timing)
+    bwd = _interleaved({k: _fwd_bwd(fn, w, grad) for k, (fn, w) in variants.items()}, sync=dist.barrier, **timing)
+    results = {"fwd": fwd, "fwd_bwd": bwd}
     del variants
     gc.collect()
     if rank == 0:  # unsharded: the whole table on one rank, nobody to talk to
         table = torch.randn(v, d).requires_grad_()
         with torch.no_grad():
-            results["fwd"]["unsharded"] = time_us(lambda: F.embedding(ids, table), **timing)
-        results["fwd_bwd"]["unsharded"] = time_us(_fwd_bwd(lambda: F.embedding(ids, table), table, grad), **timing)
+            fwd["unsharded"] = _interleaved({"u": lambda: F.embedding(ids, table)}, **timing)["u"]
+        bwd["unsharded"] = _interleaved({"u": _fwd_bwd(lambda: F.embedding(ids, table), table, grad)}, **timing)["u"]
         del table
     dist.barrier()
     rows = []

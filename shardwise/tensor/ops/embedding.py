@@ -106,7 +106,7 @@ def rowwise_lookup(weight: torch.Tensor, ids: torch.Tensor, offset: int) -> torc
     owned = (local >= 0) & (local < rows)
     flat = local.reshape(-1).clamp(0, rows - 1)
     if weight.is_floating_point():
-        bags = torch.arange(flat.numel(), device=flat.device)
+        bags = torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device)
         out = torch.embedding_bag(weight, flat, bags, False, 0, False, owned.reshape(-1).to(weight.dtype))[0]
         return out.view(*ids.shape, dim)
     out = aten.embedding.default(weight, flat).mul_(owned.reshape(-1, 1))
@@ -129,16 +129,17 @@ def _embedding_strategies(schema, mesh_size) -> list[Strategy]:
 
 
 def _validate_options(schema) -> None:
-    scale, sparse = schema.arg(3, "scale_grad_by_freq", False), schema.arg(4, "sparse", False)
-    if sparse:
+    # scale_grad_by_freq needs no check: the backward rule keeps every id where frequencies are counted
+    if schema.arg(4, "sparse", False):
         raise ValueError(
             "embedding(sparse=True) is not supported on a DTensor table (sharded tables keep dense, "
             "locally computed gradients); use sparse=False"
         )
     if schema.tensor_args[0].ndim != 2:
-        raise ValueError(f"embedding: weight must be 2-D (num_embeddings, dim), got shape "
-                         f"{tuple(schema.tensor_args[0].shape)}")
-    del scale  # supported: each rank sees the ids it counts (see the backward rule)
+        raise ValueError(
+            f"embedding: weight of shape {tuple(schema.tensor_args[0].shape)} is not a 2-D "
+            "(num_embeddings, dim) table; pass a 2-D weight"
+        )
 
 
 def embedding_rule(schema, mesh_shape) -> Decision:
