@@ -1,0 +1,139 @@
+"""The ``shardwise`` command: ``train``, ``plan``, ``bench``, ``validate``.
+
+Example::
+
+    shardwise train                         # 2 local processes, synthetic click log, report in ./shardwise-report
+    shardwise train --data day_0.tsv --steps 2000 --nproc-per-node 4
+    shardwise plan --tables 8 --rows 1000000 --dim 64 --world 4
+    shardwise bench
+    shardwise validate --op mm
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="shardwise", description="Shard PyTorch training across processes and machines.")
+    sub = p.add_subparsers(dest="command", metavar="{train,plan,bench,validate}")
+    sub.required = True
+    _train_parser(sub)
+    pl = sub.add_parser("plan", help="print a sharding plan for N equal tables, without training",
+                        description="Plan N tables of R rows x D columns over W ranks and print the table.")
+    pl.add_argument("--tables", type=int, default=8, help="number of tables (default %(default)s)")
+    pl.add_argument("--rows", type=int, default=100_000, help="rows per table (default %(default)s)")
+    pl.add_argument("--dim", type=int, default=64, help="embedding dimension (default %(default)s)")
+    pl.add_argument("--world", type=int, default=2, help="number of ranks (default %(default)s)")
+    pl.add_argument("--batch-size", type=int, default=512, help="examples per rank per step (default %(default)s)")
+    pl.add_argument("--memory-mb", type=float, default=1024.0, help="memory per rank in MiB (default %(default)s)")
+    b = sub.add_parser("bench", help="run the benchmark scripts and print their ratio lines",
+                       description="Run benchmarks/*.py one after another; print the JSON lines with ratios.")
+    b.add_argument("--only", action="append", default=[], help="run only this script (e.g. ebc); repeatable")
+    b.add_argument("--all-lines", action="store_true", help="print every JSON line, not only ratios")
+    sub.add_parser("validate", help="check every sharding rule against plain PyTorch", add_help=False,
+                   description="Arguments are passed to the validator; see `shardwise validate --help`.")
+    return p
+
+
+def _train_parser(sub) -> None:
+    from .train.worker import add_train_arguments
+
+    t = sub.add_parser("train", help="train the DLRM demo job across local processes (or many machines)",
+                       description="Train a DLRM-style click model: sharded embeddings, data-parallel MLPs. "
+                                   "Launches the workers with torch's elastic launcher (as torchrun does).")
+    add_train_arguments(t)
+    t.add_argument("--nproc-per-node", type=int, default=2, help="processes on this machine (default %(default)s)")
+    t.add_argument("--nnodes", default="1", help="machines, N or MIN:MAX (default %(default)s)")
+    t.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT every machine meets at (multi-machine runs)")
+    t.add_argument("--rdzv-id", default=None, help="job id shared by all machines (multi-machine runs)")
+    t.add_argument("--node-rank", type=int, default=None, help="this machine's rank (optional)")
+    t.add_argument("--max-restarts", type=int, default=0,
+                   help="restarts of the worker group after a failure (elastic launcher; default %(default)s)")
+
+
+def _cmd_train(ns) -> int:
+    from .train.data import CriteoTSV
+    from .train.launch import launch
+    from .train.worker import config_from_args
+
+    cfg = config_from_args(ns)
+    if cfg.data:
+        CriteoTSV(cfg.data)   # a malformed file fails here, before any process starts
+    try:
+        launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
+    except Exception as e:   # the launcher's ChildFailedError already printed each rank's traceback
+        if type(e).__name__ != "ChildFailedError":
+            raise
+        print(f"shardwise train: workers failed ({e.__class__.__name__}); see the traceback above", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_plan(ns) -> int:
+    from .embedding import EmbeddingBagConfig, EmbeddingShardingPlanner
+    from .train.report import print_plan
+
+    for name in ("tables", "rows", "dim", "world", "batch_size"):
+        if getattr(ns, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}={getattr(ns, name)} must be >= 1")
+    tables = [EmbeddingBagConfig(f"t{i}", ns.rows, ns.dim, [f"f{i}"]) for i in range(ns.tables)]
+    planner = EmbeddingShardingPlanner(ns.world, int(ns.memory_mb * 2**20), batch_size_per_rank=ns.batch_size,
+                                       ids_per_bag=1.0)
+    plan = planner.plan(tables)
+    print_plan(planner, plan, tables, f"plan: {ns.tables} tables x {ns.rows} rows x {ns.dim} on {ns.world} ranks")
+    return 0
+
+
+def _is_ratio_line(rec: dict) -> bool:
+    return rec.get("config") == "ratios" or any("ratio" in k or "_vs_" in k for k in rec)
+
+
+def _cmd_bench(ns) -> int:
+    folder = Path(__file__).resolve().parent.parent / "benchmarks"
+    scripts = sorted(p for p in folder.glob("*.py") if not p.name.startswith("_")) if folder.is_dir() else []
+    if ns.only:
+        scripts = [p for p in scripts if p.stem in ns.only]
+    if not scripts:
+        raise ValueError(f"no benchmark scripts found in {folder} (only={ns.only}); run from a source checkout")
+    failed = 0
+    for script in scripts:
+        print(f"# {script.name}", flush=True)
+        proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, cwd=folder.parent)
+        for line in proc.stdout:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict) and (ns.all_lines or _is_ratio_line(rec)):
+                print(line.rstrip(), flush=True)
+        if proc.wait():
+            failed += 1
+            print(f"# {script.name} exited with status {proc.returncode}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    """Entry point of the ``shardwise`` console script and ``python -m shardwise``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "validate":
+        from .tensor.validate import main as validate_main
+
+        return validate_main(argv[1:])
+    ns = build_parser().parse_args(argv)
+    try:
+        return {"train": _cmd_train, "plan": _cmd_plan, "bench": _cmd_bench}[ns.command](ns)
+    except ValueError as e:
+        print(f"shardwise {ns.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,77 @@
+"""The settings of one training job, shared by the CLI, the launcher and every worker."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Optional
+
+__all__ = ["TrainConfig"]
+
+_DENSE_MODES = ("compile", "ddp")
+
+
+@dataclass
+class TrainConfig:
+    """Everything a worker needs; travels to workers as JSON so ``torchrun`` can pass it too.
+
+    ``batch_size`` is per rank. ``reshard_at=0`` turns the live reshard off. ``rows`` is the size of
+    the largest synthetic table (the others spread log-uniformly below it).
+
+    Example:
+        >>> cfg = TrainConfig(steps=40, batch_size=128, out="report")
+        >>> TrainConfig.from_json(cfg.to_json()) == cfg
+        True
+    """
+
+    steps: int = 300
+    batch_size: int = 256
+    out: str = "shardwise-report"
+    reshard_at: Optional[int] = None     # None: halfway through the run
+    checkpoint_every: int = 100
+    checkpoint_dir: Optional[str] = None  # None: <out>/checkpoints
+    resume: bool = False
+    data: Optional[str] = None
+    seed: int = 0
+    dense_parallel: str = "compile"
+    rows: int = 20000
+    dim: int = 16
+    lr_dense: float = 0.003
+    lr_sparse: float = 0.05
+    memory_per_rank_mb: float = 1024.0
+    eval_examples: int = 8192
+    log_every: int = 10
+    quiet: bool = False
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "rows", "dim", "eval_examples", "log_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every={self.checkpoint_every!r} must be an int >= 0 (0 = never)")
+        if self.reshard_at is None:
+            self.reshard_at = max(1, self.steps // 2)
+        if not isinstance(self.reshard_at, int) or self.reshard_at < 0:
+            raise ValueError(f"reshard_at={self.reshard_at!r} must be an int >= 0 (0 turns resharding off)")
+        if self.dense_parallel not in _DENSE_MODES:
+            raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
+        if self.rows < 8:
+            raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.checkpoint_dir or f"{self.out}/checkpoints"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "TrainConfig":
+        raw = json.loads(text)
+        known = {f.name for f in dataclasses.fields(TrainConfig)}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown training settings {unknown}; known: {sorted(known)}")
+        return TrainConfig(**raw)

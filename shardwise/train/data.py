@@ -1,0 +1,216 @@
+"""Click logs in Criteo's schema: a deterministic synthetic generator and a Criteo TSV reader.
+
+Both yield the same thing: ``batch(start, count) -> Batch`` for examples ``start .. start+count-1``
+of an endless stream (the TSV file is cycled), so every rank can read its own slice of a step and
+a resumed run continues from a saved cursor.
+
+Example:
+    >>> data = SyntheticClicks(seed=0, cardinalities=default_cardinalities(1000))
+    >>> b = data.batch(0, 4)
+    >>> b.dense.shape, b.ids.shape, b.labels.shape
+    ((4, 13), (4, 26), (4,))
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..sparse import KeyedJaggedTensor
+
+__all__ = [
+    "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "Batch", "SyntheticClicks", "CriteoTSV",
+    "default_cardinalities", "to_model_inputs", "open_data",
+]
+
+NUM_DENSE, NUM_SPARSE = 13, 26
+DENSE_NAMES = [f"I{i + 1}" for i in range(NUM_DENSE)]
+SPARSE_NAMES = [f"C{i + 1}" for i in range(NUM_SPARSE)]
+_BLOCK = 4096   # synthetic examples are generated in fixed blocks so any slice is reproducible
+
+
+@dataclass
+class Batch:
+    """Raw features: ``dense`` float32 [n, 13] (missing = 0), ``ids`` int64 [n, 26] (missing = -1),
+    ``labels`` float32 [n]."""
+
+    dense: np.ndarray
+    ids: np.ndarray
+    labels: np.ndarray
+
+
+def default_cardinalities(max_rows: int) -> list[int]:
+    """26 table sizes spread log-uniformly from 8 to ``max_rows`` (in a fixed shuffled order, like
+    Criteo, where tiny and huge features interleave).
+
+    Example:
+        >>> max(default_cardinalities(5000))
+        5000
+    """
+    if not isinstance(max_rows, int) or max_rows < 8:
+        raise ValueError(f"max_rows={max_rows!r} must be an int >= 8 (the smallest table has 8 rows)")
+    sizes = np.geomspace(8, max_rows, NUM_SPARSE).round().astype(int).tolist()
+    return [sizes[(7 * i) % NUM_SPARSE] for i in range(NUM_SPARSE)]
+
+
+class SyntheticClicks:
+    """A click log whose labels come from a hidden logistic model, so a DLRM can learn it.
+
+    Ids follow a power law (P(id) ~ 1/(id+1)): a few rows of every table are hot, as in real logs.
+    The hidden model: a weighted sum of log1p(dense) plus one hidden effect per (feature, id); about a
+    third of the features carry strong effects. Everything derives from ``seed`` through numpy
+    SeedSequences, so every rank and every resumed run sees identical examples.
+
+    Example:
+        >>> SyntheticClicks(0, default_cardinalities(100)).batch(10, 2).labels.tolist()   # doctest: +SKIP
+    """
+
+    def __init__(self, seed: int, cardinalities: Sequence[int], missing_rate: float = 0.01):
+        if len(cardinalities) != NUM_SPARSE:
+            raise ValueError(f"need {NUM_SPARSE} cardinalities (one per C feature), got {len(cardinalities)}")
+        self.seed, self.cards = int(seed), [int(c) for c in cardinalities]
+        self.missing_rate = float(missing_rate)
+        hidden = np.random.default_rng(np.random.SeedSequence([self.seed, 0xC0FFEE]))
+        self.dense_mu = hidden.uniform(0.0, 3.0, NUM_DENSE)
+        self.dense_w = hidden.normal(0.0, 0.35, NUM_DENSE)
+        strong = hidden.permutation(NUM_SPARSE)[:9]
+        scale = np.where(np.isin(np.arange(NUM_SPARSE), strong), 1.0, 0.15)
+        self.effects = [hidden.normal(0.0, scale[j], c).astype(np.float32) for j, c in enumerate(self.cards)]
+        self.bias = -1.0
+        self._cache: dict[int, Batch] = {}
+
+    def _block(self, index: int) -> Batch:
+        if index in self._cache:
+            return self._cache[index]
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 0x5EED, index]))
+        n = _BLOCK
+        raw = np.maximum(np.floor(np.exp(rng.normal(self.dense_mu, 1.2, (n, NUM_DENSE)))) - 1.0, 0.0)
+        raw[rng.random((n, NUM_DENSE)) < 0.05] = 0.0    # missing dense values read as 0
+        u = rng.random((n, NUM_SPARSE))
+        cards = np.asarray(self.cards, dtype=np.float64)
+        # floor(exp(u ln(card+1))) - 1 is a Zipf(1) law: row k drawn with probability ~ 1/(k+1)
+        ids = np.minimum(np.floor(np.exp(u * np.log(cards + 1.0))) - 1.0, cards - 1).astype(np.int64)
+        ids[rng.random((n, NUM_SPARSE)) < self.missing_rate] = -1
+        out = Batch(raw.astype(np.float32), ids, np.zeros(n, dtype=np.float32))
+        logit = hidden_model_logits(self, out)
+        out.labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+        if len(self._cache) > 8:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[index] = out
+        return out
+
+    def batch(self, start: int, count: int) -> Batch:
+        """Examples ``start .. start+count-1`` of the endless stream."""
+        parts, pos, end = [], start, start + count
+        while pos < end:
+            b, off = divmod(pos, _BLOCK)
+            take = min(_BLOCK - off, end - pos)
+            blk = self._block(b)
+            parts.append((blk.dense[off:off + take], blk.ids[off:off + take], blk.labels[off:off + take]))
+            pos += take
+        return Batch(*(np.concatenate(x) for x in zip(*parts)))
+
+
+class CriteoTSV:
+    """A Criteo-format file: ``label <TAB> I1..I13 <TAB> C1..C26`` per line (40 fields).
+
+    Integers may be negative or empty (missing = 0); categorical ids are hex strings or empty
+    (missing = an empty bag). The whole file is parsed up front, so a malformed line fails before any
+    training step, identically on every rank; the error names the line and the field. The stream
+    cycles through the file in order. Raw ids are mapped to rows with ``id % num_embeddings``.
+
+    Example:
+        >>> data = CriteoTSV("day_0_sample.tsv")                        # doctest: +SKIP
+        >>> data.batch(0, 8).ids.shape                                   # doctest: +SKIP
+        (8, 26)
+    """
+
+    def __init__(self, path):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ValueError(f"--data {str(path)!r}: no such file; pass a Criteo-format TSV file "
+                             f"(label, 13 ints, 26 hex ids, tab-separated)")
+        dense, ids, labels = [], [], []
+        with open(self.path, "r", encoding="utf-8", errors="strict") as fh:
+            for line_no, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                lab, d, c = _parse_line(line, line_no, self.path.name)
+                labels.append(lab)
+                dense.append(d)
+                ids.append(c)
+        if not labels:
+            raise ValueError(f"{self.path}: no examples; the file is empty")
+        self.dense = np.asarray(dense, dtype=np.float32)
+        self.ids = np.asarray(ids, dtype=np.int64)
+        self.labels = np.asarray(labels, dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def batch(self, start: int, count: int) -> Batch:
+        idx = np.arange(start, start + count) % len(self.labels)
+        return Batch(self.dense[idx], self.ids[idx], self.labels[idx])
+
+
+def _parse_line(line: str, line_no: int, name: str):
+    fields = line.rstrip("\r\n").split("\t")
+    where = f"{name} line {line_no}"
+    if len(fields) != 1 + NUM_DENSE + NUM_SPARSE:
+        raise ValueError(f"{where}: expected 40 tab-separated fields (label, I1-I13, C1-C26), got "
+                         f"{len(fields)}; fix or drop that line")
+    if fields[0] not in ("0", "1"):
+        raise ValueError(f"{where}, field label: {fields[0]!r} must be 0 or 1")
+    dense = []
+    for k, text in enumerate(fields[1:1 + NUM_DENSE]):
+        try:
+            dense.append(max(int(text), 0) if text else 0)
+        except ValueError:
+            raise ValueError(f"{where}, field {DENSE_NAMES[k]}: {text!r} is not an integer; "
+                             f"use a decimal integer or leave it empty for missing") from None
+    ids = []
+    for k, text in enumerate(fields[1 + NUM_DENSE:]):
+        try:
+            ids.append(int(text, 16) if text else -1)
+        except ValueError:
+            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is not a hex id; "
+                             f"use hex digits (e.g. 68fd1e64) or leave it empty for missing") from None
+        if ids[-1] < 0 and text:
+            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is negative; ids must be >= 0")
+    return int(fields[0]), dense, ids
+
+
+def open_data(path, seed: int, cardinalities: Sequence[int]):
+    """``CriteoTSV(path)`` when a path is given, else the synthetic log for ``seed``."""
+    return CriteoTSV(path) if path else SyntheticClicks(seed, cardinalities)
+
+
+def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple:
+    """(dense [n, 13] = log1p(ints), KeyedJaggedTensor of C1..C26 (missing = empty bag), labels [n]).
+
+    Example:
+        >>> dense, kjt, y = to_model_inputs(batch, cards, torch.device("cpu"))   # doctest: +SKIP
+    """
+    dense = torch.from_numpy(np.log1p(batch.dense)).to(device)
+    ids = batch.ids
+    present = ids >= 0
+    rows = np.where(present, ids % np.asarray(cardinalities, dtype=np.int64), 0)
+    # key-major layout: all bags of C1 for the batch, then C2, ...
+    values = torch.from_numpy(np.ascontiguousarray(rows.T[present.T]))
+    lengths = torch.from_numpy(np.ascontiguousarray(present.T.astype(np.int64)).reshape(-1))
+    kjt = KeyedJaggedTensor(SPARSE_NAMES, values.to(device), lengths=lengths.to(device))
+    return dense, kjt, torch.from_numpy(batch.labels).to(device)
+
+
+def hidden_model_logits(data: SyntheticClicks, batch: Batch) -> np.ndarray:
+    """The generator's own logits for ``batch`` (the best any model can do; for sanity checks)."""
+    logit = data.bias + np.log1p(batch.dense) @ data.dense_w
+    for j in range(NUM_SPARSE):
+        ok = batch.ids[:, j] >= 0
+        logit[ok] += data.effects[j][batch.ids[ok, j]]
+    return logit
+

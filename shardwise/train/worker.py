@@ -1,0 +1,97 @@
+"""The per-process entry point: what ``shardwise train`` launches on every rank, and what ``torchrun``
+runs directly on a cluster.
+
+Example (two machines, two processes each; run on both)::
+
+    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint host0:29400 \\
+        -m shardwise.train.worker --steps 1000 --out report
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .config import TrainConfig
+
+__all__ = ["main", "run_worker", "add_train_arguments", "config_from_args"]
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The job's flags (shared by ``shardwise train`` and ``python -m shardwise.train.worker``)."""
+    d = TrainConfig()
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per rank per step (default %(default)s)")
+    p.add_argument("--out", default=d.out, help="report folder (default %(default)s)")
+    p.add_argument("--reshard-at", type=int, default=None,
+                   help="step of the live reshard from measured load; 0 turns it off (default: half of --steps)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help="save a checkpoint every K steps and at the end; 0 = never (default %(default)s)")
+    p.add_argument("--checkpoint-dir", default=None, help="checkpoint folder (default: OUT/checkpoints)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
+    p.add_argument("--data", default=None, help="Criteo-format TSV file (default: the built-in synthetic click log)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed for data and initialisation (default %(default)s)")
+    p.add_argument("--dense-parallel", choices=("compile", "ddp"), default=d.dense_parallel,
+                   help="data parallelism of the dense MLPs (default %(default)s)")
+    p.add_argument("--rows", type=int, default=d.rows, help="rows of the largest table (default %(default)s)")
+    p.add_argument("--dim", type=int, default=d.dim, help="embedding dimension (default %(default)s)")
+    p.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
+
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(steps=ns.steps, batch_size=ns.batch_size, out=ns.out, reshard_at=ns.reshard_at,
+                       checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
+                       data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
+                       quiet=ns.quiet)
+
+
+def _init_process_group():
+    """Join the group the launcher describes in the environment; device from the backend."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    use_cuda = torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    return init_device_mesh(device_type, (dist.get_world_size(),))
+
+
+def run_worker(config_json: str) -> Optional[dict]:
+    """One rank: join the process group, train, leave. Returns rank 0's metrics (None elsewhere).
+
+    This is the function ``elastic_launch`` runs, so it is module-level and takes plain JSON.
+    """
+    cfg = TrainConfig.from_json(config_json)
+    if not torch.cuda.is_available():
+        # local processes share the cores: one thread each avoids oversubscription
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    mesh = _init_process_group()
+    try:
+        from .loop import Trainer
+
+        return Trainer(cfg, mesh).run()
+    finally:
+        dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m shardwise.train.worker",
+                                description="One rank of the DLRM job; start it with torchrun.")
+    add_train_arguments(p)
+    cfg = config_from_args(p.parse_args(argv))
+    if "RANK" not in os.environ:
+        p.error("not launched by torchrun (no RANK in the environment); use `shardwise train` locally or "
+                "`torchrun --nproc-per-node N -m shardwise.train.worker ...`")
+    run_worker(cfg.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
