@@ -9,9 +9,9 @@ Layout of the result (before passes reorder collectives):
   recomputed from it), so nothing gathered stays alive in between;
 * each gradient is all-reduced (replicated) or padded and reduce-scattered
   (sharded), then divided by the world size (DDP's averaging);
-* the functional optimizer, traced on shard shapes, is inlined last; each
-  new parameter/state value is copied into its storage placeholder as soon
-  as it is computed (the graph's only in-place ops, after every read).
+* the optimizer, traced on shard shapes, is inlined last; it updates the
+  parameter/state placeholders in place, like torch (these writes come
+  after every read of the parameter in forward and backward).
 
 Example::
 
@@ -234,7 +234,7 @@ def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, l
         else:  # lazily created state (SGD momentum on its first step) is returned
             created.append(((f, k), n))
     for dst, src in targets:
-        if dst is not src:
+        if _alias_root(src) is not dst:  # in-place updates already wrote the storage
             with d.graph.inserting_after(src):
                 d.b.call(ATEN.copy_.default, dst, src, meta={"sw_kind": dst.meta["sw_kind"], "sw_role": "write_back"})
     for i, _ in enumerate(user):
@@ -243,6 +243,17 @@ def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, l
     d.graph.output(tuple(user + [n for _, n in created]))
     gm = torch.fx.GraphModule(torch.nn.Module(), d.graph)
     return gm, d.sig
+
+
+def _alias_root(node):
+    """Follow in-place ops (``x.add_(...)`` returns ``x``) back to the mutated tensor."""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and isinstance(
+            node.target, torch._ops.OpOverload):
+        args = node.target._schema.arguments
+        if not (args and args[0].alias_info is not None and args[0].alias_info.is_write):
+            break
+        node = node.args[0]
+    return node
 
 
 def _safe(name: str) -> str:

@@ -1,11 +1,12 @@
 """Functional SGD / Adam / AdamW, traced into the step graph.
 
-``torch.optim`` mutates parameters and lazily creates state, which cannot be
-replayed as a graph.  Here the update is a pure function of
-``(params, grads, states, lr, step)`` that returns new tensors; the learning
-rate and the step count are tensor *inputs* (so a scheduler changes them
-without a new trace), every other hyper-parameter is a traced-in constant
-guarded by :class:`OptimSpec`.  The arithmetic follows torch's single-tensor
+``torch.optim`` reads Python-float hyper-parameters and lazily creates state,
+which a replayed graph cannot follow.  Here the update is a function of
+``(params, grads, states, lr)`` with the state passed explicitly; the
+learning rate and the step count are tensor *inputs* (so a scheduler changes
+them without a new trace), every other hyper-parameter is a traced-in
+constant guarded by :class:`OptimSpec`.  Like torch, it updates parameters
+and state in place, so a step allocates no new full-size buffers.  The arithmetic follows torch's single-tensor
 implementations so results agree to float rounding.
 
 Example::
@@ -104,8 +105,11 @@ def state_names(group: GroupSpec, has_state: bool) -> tuple[str, ...]:
 def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor):
     """Return ``(new_params, new_states)``; ``states[i]`` maps name -> tensor.
 
-    ``lr`` is a 0-dim float64 tensor so the update sees the same value as
-    torch's Python-float arithmetic.
+    Parameters and existing state are updated in place (as torch does: no
+    fresh full-size buffers per step) and returned; only lazily created
+    state (SGD's first momentum buffer) is new.  ``lr`` is a 0-dim float64
+    tensor so the update sees the same value as torch's Python-float math.
+    In a graph these in-place ops come after every read of the parameter.
     """
     fn = _sgd if group.kind == "sgd" else _adam
     new_p, new_s = [], []
@@ -125,36 +129,39 @@ def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor)
 def _sgd(group: GroupSpec, p, g, s, lr):
     wd, mom = group.get("weight_decay"), group.get("momentum")
     if wd != 0:
-        g = g + wd * p
+        g = g.add(p, alpha=wd)
     new_s = {}
     if mom != 0:
         buf = s.get("momentum_buffer")
-        damp = group.get("dampening")
-        buf = g.clone() if buf is None else buf * mom + (1 - damp) * g
+        if buf is None:
+            buf = g.clone()
+        else:
+            buf.mul_(mom).add_(g, alpha=1 - group.get("dampening"))
         new_s["momentum_buffer"] = buf
-        g = g + mom * buf if group.get("nesterov") else buf
-    return p - lr.to(p.dtype) * g, new_s
+        g = g.add(buf, alpha=mom) if group.get("nesterov") else buf
+    # p + g * (-lr): torch's add_(g, alpha=-lr) with the rate as a tensor
+    return p.addcmul_(g, (-lr).to(p.dtype)), new_s
 
 
 def _adam(group: GroupSpec, p, g, s, lr):
     beta1, beta2 = group.get("betas")
     eps, wd = group.get("eps"), group.get("weight_decay")
-    step = s["step"] + 1
+    step = s["step"].add_(1)
     if wd != 0:
         if group.kind == "adamw":
-            p = p * (1 - lr * wd).to(p.dtype)
+            p.mul_((1 - lr * wd).to(p.dtype))
         else:
-            g = g + wd * p
-    m = torch.lerp(s["exp_avg"], g, 1 - beta1)
-    v = torch.addcmul(s["exp_avg_sq"] * beta2, g, g, value=1 - beta2)
+            g = g.add(p, alpha=wd)
+    m = s["exp_avg"].lerp_(g, 1 - beta1)
+    v = s["exp_avg_sq"].mul_(beta2).addcmul_(g, g, value=1 - beta2)
     # Bias corrections in float64, as torch computes them on Python floats.
     step64 = step.to(torch.float64)
     bc1 = 1 - torch.pow(beta1, step64)
     bc2_sqrt = torch.sqrt(1 - torch.pow(beta2, step64))
-    step_size = (lr / bc1).to(p.dtype)
-    denom = v.sqrt() / bc2_sqrt.to(p.dtype) + eps
-    new_p = p - step_size * (m / denom)
-    return new_p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
+    neg_step_size = (-lr / bc1).to(p.dtype)
+    denom = v.sqrt().div_(bc2_sqrt.to(p.dtype)).add_(eps)
+    p.addcmul_(torch.div(m, denom, out=denom), neg_step_size)
+    return p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
 
 
 def init_state(group: GroupSpec, shard: torch.Tensor, has_state: bool) -> dict[str, torch.Tensor]:

@@ -44,8 +44,8 @@ def test_functional_update_matches_torch(cls, kw):
 def test_lr_is_an_input_not_a_constant():
     p, gr = torch.ones(3), torch.ones(3)
     group = optim_spec(torch.optim.SGD([p.clone().requires_grad_()], lr=1.0)).groups[0]
-    a, _ = functional_update(group, [p], [gr], [{}], torch.tensor(0.5, dtype=torch.float64))
-    b, _ = functional_update(group, [p], [gr], [{}], torch.tensor(0.25, dtype=torch.float64))
+    a, _ = functional_update(group, [p.clone()], [gr], [{}], torch.tensor(0.5, dtype=torch.float64))
+    b, _ = functional_update(group, [p.clone()], [gr], [{}], torch.tensor(0.25, dtype=torch.float64))
     assert torch.equal(a[0], torch.full((3,), 0.5)) and torch.equal(b[0], torch.full((3,), 0.75))
 
 

@@ -95,12 +95,16 @@ def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dic
         else:
             flat = b.call(ATEN.cat.default, [b.call(ATEN.reshape.default, x, [-1]) for x in ins])
             coll = b.call(bucket[0].target, flat, "sum", bucket[0].args[2], meta=meta)
+    divs = [next(iter(w.users)) for w in waits]
+    assert all(d.target is ATEN.div.Tensor for d in divs), divs
     with graph.inserting_before(first):
         wait = b.call(C10D.wait_tensor.default, coll, meta=meta)
-        shapes = [w.meta["val"].shape for w in waits]
-        parts = split_flat(b, wait, [s.numel() for s in shapes], shapes)
-    for w, c, new in zip(waits, bucket, parts):
-        new.meta.update(w.meta.get("sw_fqn") and {"sw_fqn": w.meta["sw_fqn"]} or {})
-        w.replace_all_uses_with(new)
-        graph.erase_node(w)
-        graph.erase_node(c)
+        # average once on the fresh flat buffer, in place, instead of per parameter
+        mean = b.call(ATEN.div_.Scalar, wait, world, meta=meta)
+        shapes = [d.meta["val"].shape for d in divs]
+        parts = split_flat(b, mean, [s.numel() for s in shapes], shapes)
+    for d, w, c, new in zip(divs, waits, bucket, parts):
+        new.meta["sw_fqn"] = d.meta.get("sw_fqn")
+        d.replace_all_uses_with(new)
+        for old in (d, w, c):
+            graph.erase_node(old)
