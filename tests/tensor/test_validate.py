@@ -127,6 +127,25 @@ def test_wrong_whole_mesh_rule_is_caught(monkeypatch):
     assert any("P(max)" in f.strategy for f in rep.failures)
 
 
+def test_redistributed_inplace_foreach_element_is_caught(monkeypatch):
+    def bogus(schema, mesh_shape):  # gathers a sharded element it then updates in place
+        full = (Replicate(),)
+        return Decision([None if ta.placements == full else full for ta in schema.tensor_args], [])
+
+    _with_rule(monkeypatch, aten._foreach_add_.Scalar, bogus, whole_mesh=True)
+    rep = validate_rules([aten._foreach_add_.Scalar], world_sizes=(2,))
+    assert rep.failures and all("would be lost" in f.message for f in rep.failures)
+
+
+def test_inplace_ops_run_on_clones():
+    x, y = torch.randn(5, 3), torch.randn(3)
+    before = x.clone(), y.clone()
+    rep = validate_rules([aten.add_.Tensor, aten._foreach_mul_.List], world_sizes=(2, 3), samples={
+        aten.add_.Tensor: [Sample((x, y))], aten._foreach_mul_.List: [Sample(([x, y], [x + 1, y + 1]))]})
+    assert rep.ok and rep.ops["aten.add_.Tensor"].checked > 0
+    assert torch.equal(x, before[0]) and torch.equal(y, before[1])
+
+
 def test_crashing_rule_is_reported(monkeypatch):
     def crash(schema, mesh_size):
         raise KeyError("oops")
