@@ -36,7 +36,7 @@ from ..propagation.schema import LocalPlan, Strategy
 from ..spec import local_shape_and_offset
 from .common import LINEAR_PARTIALS, PSUM, R
 
-__all__ = ["EmbeddingIndexError", "embedding_index_check", "rowwise_lookup"]
+__all__ = ["EmbeddingIndexError", "embedding_index_check", "rowwise_lookup", "rowwise_grad"]
 
 
 class EmbeddingIndexError(IndexError, ValueError):
@@ -219,22 +219,32 @@ def embedding_backward_rule(schema, mesh_shape) -> Decision:
     return d
 
 
+def rowwise_grad(grad: torch.Tensor, ids: torch.Tensor, offset: int, rows: int, padding_idx: int = -1,
+                 scale_grad_by_freq: bool = False) -> torch.Tensor:
+    """The ``(rows, dim)`` gradient of the row block ``[offset, offset + rows)`` of a table looked up
+    with global ``ids``; ``padding_idx`` is global (-1: none).
+
+    >>> rowwise_grad(torch.ones(3, 2), torch.tensor([0, 5, 5]), 4, 2)
+    tensor([[0., 0.],
+            [2., 2.]])
+    """
+    # ids owned elsewhere land on one extra scratch row, dropped afterwards
+    local = (ids - offset) if offset else ids
+    local = torch.where((local >= 0) & (local < rows), local, rows)
+    pad = padding_idx - offset if padding_idx >= 0 and offset <= padding_idx < offset + rows else -1
+    return aten.embedding_dense_backward.default(grad, local, rows + 1, pad, scale_grad_by_freq)[:rows]
+
+
 def _backward_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalPlan]:
     spec = out_specs[0]
     offset, rowwise = _row_block(spec.shape, mesh, coord, spec.placements)
     if not rowwise:
         return None
     rows = spec.local_shape(coord)[0]
-    pad = schema.arg(3, "padding_idx", -1)
-    local_pad = pad - offset if pad >= 0 and offset <= pad < offset + rows else -1
 
     def kernel(op, args, kwargs):
-        grad, ids, _, _, scale = args[:5]
-        # ids owned elsewhere land on one extra scratch row, dropped afterwards
-        local = (ids - offset) if offset else ids
-        local = torch.where((local >= 0) & (local < rows), local, rows)
-        out = op(grad, local, rows + 1, local_pad, scale)
-        return out[:rows]
+        grad, ids, _, pad, scale = args[:5]
+        return rowwise_grad(grad, ids, offset, rows, pad, scale)
 
     return LocalPlan(kernel=kernel)
 
