@@ -44,18 +44,30 @@ def _full_params(model):
     return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach() for n, p in model.named_parameters()}
 
 
-def _mlp(rank, world, emb_out):
+class _Full(nn.Module):
+    """Gathers a DTensor output (the loss needs a plain tensor when styles keep DTensors)."""
+
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, ids):
+        return self.net(ids).full_tensor()
+
+
+def _mlp(rank, world, emb_out, local_out=True):
     mesh = worker_mesh((world,))
     torch.manual_seed(0)
     ref = Net(padding_idx=3)
     model = Net(padding_idx=3)
     model.load_state_dict(ref.state_dict())
-    plan = {"emb": RowwiseParallel(output_layouts=emb_out), "fc1": ColwiseParallel(input_layouts=emb_out),
-            "fc2": RowwiseParallel()}
+    plan = {"emb": RowwiseParallel(output_layouts=emb_out, use_local_output=local_out),
+            "fc1": ColwiseParallel(input_layouts=emb_out, use_local_output=local_out),
+            "fc2": RowwiseParallel(use_local_output=local_out)}
     parallelize_module(model, mesh, plan)
     data = _data(5, 11, torch.Generator().manual_seed(1))
     ref_losses = _train(ref, data)
-    losses = _train(model, data)
+    losses = _train(model if local_out else _Full(model), data)
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses))
     want = {n: p.detach() for n, p in ref.named_parameters()}
     torch.testing.assert_close(_full_params(model), want)
@@ -69,6 +81,11 @@ def _mlp(rank, world, emb_out):
 def test_embedding_mlp_training_matches_single_process(world):
     rows = run_on_ranks(_mlp, world, Replicate())
     assert sum(rows) == 11 and len(rows) == world
+
+
+def test_dtensor_outputs_between_styles():
+    # use_local_output=False: DTensors flow from module to module (uneven on 3 ranks)
+    assert sum(run_on_ranks(_mlp, 3, Replicate(), False)) == 11
 
 
 def test_sequence_sharded_embedding_output():
