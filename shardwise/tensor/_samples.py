@@ -282,10 +282,9 @@ def _where(op, m):
 
 @_on(aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
 def _where_scalar(op, m):
-    if op is aten.where.Scalar:
-        return [S(m.b(5, 3), 1.0, -2.0), S(m.b(2), 1, 0)]
-    if op is aten.where.ScalarSelf:
-        return [S(m.b(5, 3), 1.5, m.f(3)), S(m.b(2), 1.5, m.f(2))]
+    pick = {aten.where.Scalar: lambda *s: -2.0, aten.where.ScalarSelf: lambda *s: m.f(*s)}.get(op)
+    if pick is not None:
+        return [S(m.b(5, 3), 1.5, pick(3)), S(m.b(2), 1, pick(2))]
     return [S(m.b(5, 3), m.f(3), 1.5), S(m.b(2), m.f(2), 1.5)]
 
 

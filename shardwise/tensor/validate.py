@@ -19,13 +19,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 
 from . import ops as _ops  # noqa: F401  (registers the rules)
 from ._samples import Plain, Sample, sample_inputs
+from ._validation_report import Failure, OpReport, ValidationReport
 from .dispatch import _meta_outputs
 from .placements import MaskPartial, Partial, Placement, Replicate, Shard
 from .propagation.propagator import Decision, op_mutates_first_arg
@@ -62,84 +63,6 @@ class _SimMesh:
 
 class _NoDTensor:  # no value is an instance: ``_meta_outputs`` treats every tensor as a plain one
     pass
-
-
-# --- report ------------------------------------------------------------------------------------
-
-@dataclass
-class Failure:
-    op: str
-    sample: str
-    mesh_size: int
-    strategy: str
-    max_error: float
-    message: str
-
-    def __str__(self) -> str:
-        err = "" if self.max_error != self.max_error else f" max_err={self.max_error:.3g}"
-        return f"{self.op} [{self.sample}] n={self.mesh_size} {self.strategy}:{err} {self.message}"
-
-
-@dataclass
-class OpReport:
-    """Per-op counts. ``skipped``: strategies the dispatcher never picks for these inputs (a plain
-    tensor asked to be non-replicated, an in-place op changing its argument's layout, a pending sum of
-    bools); ``refused``: layouts a whole-mesh rule rejects with an error message."""
-
-    op: str
-    samples: int = 0
-    checked: int = 0
-    skipped: int = 0
-    refused: int = 0
-    real_ranks: list = field(default_factory=list)
-    failures: list = field(default_factory=list)
-
-
-@dataclass
-class ValidationReport:
-    """What ``validate_rules`` found; ``str(report)`` is a table, ``report.summary()`` one line.
-
-    >>> from torch.ops import aten
-    >>> r = validate_rules([aten.t.default], world_sizes=(2,))
-    >>> r.summary().split(":")[0], r.failures
-    ('validated 1 ops on meshes [2]', [])
-    """
-
-    ops: dict
-    without_samples: list
-    world_sizes: tuple
-    seconds: float = 0.0
-
-    @property
-    def failures(self) -> list:
-        return [f for r in self.ops.values() for f in r.failures]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failures
-
-    def summary(self) -> str:
-        checked = sum(r.checked for r in self.ops.values())
-        real = sum(len(r.real_ranks) for r in self.ops.values())
-        return (f"validated {len(self.ops)} ops on meshes {list(self.world_sizes)}: {checked} strategy checks, "
-                f"{len(self.failures)} failures, {real} need real ranks, {len(self.without_samples)} ops "
-                f"without samples ({self.seconds:.1f} s)")
-
-    def __str__(self) -> str:
-        width = max([len(k) for k in self.ops] + [2])
-        lines = [f"{'op':<{width}}  samples  checked  skipped  refused  real  failed"]
-        for name in sorted(self.ops):
-            r = self.ops[name]
-            lines.append(f"{name:<{width}}  {r.samples:7d}  {r.checked:7d}  {r.skipped:7d}  {r.refused:7d}  "
-                         f"{len(r.real_ranks):4d}  {len(r.failures):6d}")
-        if self.failures:
-            lines += ["", "FAILURES:"] + [f"  {f}" for f in self.failures]
-        real = [f"  {r.op} {x}" for r in self.ops.values() for x in r.real_ranks]
-        if real:
-            lines += ["", "needs real ranks (not simulated):"] + real
-        if self.without_samples:
-            lines += ["", "ops without samples:"] + [f"  {o}" for o in self.without_samples]
-        return "\n".join(lines + ["", self.summary()])
 
 
 # --- building inputs ---------------------------------------------------------------------------
@@ -493,6 +416,37 @@ def _run_case(op, entry, sample: Sample, case: _Case, metas, checks, expected, n
 
 # --- driver -----------------------------------------------------------------------------------
 
+def _perturb(x, zero: bool):
+    """Another value of the same type: the sign flipped and moved, or zero."""
+    if type(x) in (list, tuple) and x and type(x[0]) in (int, float, bool, complex):
+        return type(x)(_perturb(y, zero) for y in x)
+    if type(x) is bool:
+        return not x
+    return x if type(x) not in (int, float, complex) else 0 * x if zero else -2 * x - 1
+
+
+def _scalar_dependence(op, entry, sample: Sample, metas, n: int) -> str:
+    """Pointwise/foreach plans are cached by scalar types only (a new learning rate reuses the plan),
+    so their rules must answer the same for other scalar values."""
+    leaves = _leaves(sample.args, sample.kwargs)
+    layouts = _candidate_layouts(leaves, sample.plain) if entry.whole_mesh else [
+        [None if i in sample.plain else R for i in range(len(leaves))]]
+    for layout in layouts:
+        answers = []
+        for perturb in (None, False, True):
+            schema = _schema(op, sample, layout, metas, n)
+            if perturb is not None:
+                schema.args = tuple(_perturb(a, perturb) for a in schema.args)
+                schema.kwargs = {k: v if type(v) in (list, tuple) else _perturb(v, perturb)
+                                 for k, v in schema.kwargs.items()}
+            try:
+                answers.append(repr(entry.rule(schema, (n,) if entry.whole_mesh else n)))
+            except NotImplementedError as e:
+                answers.append(f"refused: {e}")
+        if len(set(answers)) > 1:
+            return f"the rule's answer for ({_fmt(layout)}) changes with scalar values, which the plan cache ignores"
+    return ""
+
 def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen) -> None:
     name = str(op)
     stage = "the sample does not run on full tensors"
@@ -508,6 +462,9 @@ def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen) -> None:
     for n in sizes:
         try:
             cases = make(op, entry, sample, metas, n, rep)
+            msg = _scalar_dependence(op, entry, sample, metas, n) if entry.scalar_insensitive else ""
+            if msg:
+                rep.failures.append(Failure(name, sample.label, n, "rule", float("nan"), msg))
         except Exception as e:
             rep.failures.append(Failure(name, sample.label, n, "rule", float("nan"),
                                         f"the rule raised {type(e).__name__}: {e}"))

@@ -146,6 +146,19 @@ def test_inplace_ops_run_on_clones():
     assert torch.equal(x, before[0]) and torch.equal(y, before[1])
 
 
+def test_rule_reading_scalar_values_of_a_cached_op_is_caught(monkeypatch):
+    def by_value(schema, mesh_size):  # right for each value, wrong once cached by scalar type only
+        st = [Strategy((R,), (R,))]
+        return st + ([Strategy((Partial("max"),), (Partial("max"),))] if schema.args[1] > 0 else [])
+
+    _with_rule(monkeypatch, aten.mul.Scalar, by_value, scalar_insensitive=True)
+    sample = Sample((torch.randn(3), 2.0))
+    rep = validate_rules([aten.mul.Scalar], world_sizes=(2,), samples={aten.mul.Scalar: [sample]})
+    assert [f.strategy for f in rep.failures] == ["rule"] and "plan cache" in rep.failures[0].message
+    _with_rule(monkeypatch, aten.mul.Scalar, by_value)  # not cached by type: fine
+    assert validate_rules([aten.mul.Scalar], world_sizes=(2,), samples={aten.mul.Scalar: [sample]}).ok
+
+
 def test_crashing_rule_is_reported(monkeypatch):
     def crash(schema, mesh_size):
         raise KeyError("oops")
