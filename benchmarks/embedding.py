@@ -51,7 +51,7 @@ def _hand_lookup(weight, ids, start):
 
 def _timing(v: int) -> dict:
     # keep the default run to minutes: few, longer calls for the big tables
-    return dict(rounds=5, inner=2) if v >= 100_000 else dict(rounds=9, inner=15)
+    return dict(rounds=3, inner=2) if v >= 100_000 else dict(rounds=9, inner=15)
 
 
 def _interleaved(fns: dict, rounds: int, inner: int, sync=None) -> dict:

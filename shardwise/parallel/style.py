@@ -192,7 +192,7 @@ class PrepareModuleInput(ParallelStyle):
 
     def apply(self, module: nn.Module, mesh) -> nn.Module:
         def pre_hook(mod, args, kwargs):
-            if len(args) < len(self.input_layouts):
+            if any(s is not None for s in self.input_layouts[len(args):]):
                 raise ValueError(
                     f"PrepareModuleInput: {type(mod).__name__} got {len(args)} positional inputs but "
                     f"input_layouts describes {len(self.input_layouts)}; pass None for arguments to leave"

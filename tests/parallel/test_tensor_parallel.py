@@ -163,3 +163,37 @@ def test_plan_validation_and_globs():
     assert out["type"][0] == "TypeError" and "Net" in out["type"][1]
     assert out["style"][0] == "TypeError" and "ParallelStyle" in out["style"][1]
     assert out["glob"] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+
+
+class _Echo(nn.Module):
+    def forward(self, x, bias=None):
+        return x, bias
+
+
+def _prepare_kwargs(rank, world):
+    mesh = worker_mesh((world,))
+    style = PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None),
+                               input_kwarg_layouts={"bias": Shard(0)},
+                               desired_input_kwarg_layouts={"bias": Replicate()}, use_local_output=True)
+    echo = parallelize_module(_Echo(), mesh, style)
+    full_x, full_b = torch.arange(15.0).view(5, 3), torch.arange(3.0)
+    lo, n = (0, 3) if rank == 0 else (3, 2)  # uneven: 5 rows on 2 ranks
+    x, b = echo(full_x[lo:lo + n], bias=full_b[rank * 2:rank * 2 + 2])
+    torch.testing.assert_close(x, full_x)
+    torch.testing.assert_close(b, full_b)
+    return type(x).__name__
+
+
+def test_prepare_module_input_kwargs_uneven():
+    assert run_on_ranks(_prepare_kwargs, 2) == ["Tensor", "Tensor"]
+
+
+def test_style_argument_errors():
+    with pytest.raises(ValueError, match="desired_input_layouts has 1"):
+        PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(),))
+    with pytest.raises(ValueError, match=r"\['y'\]"):
+        PrepareModuleInput(input_kwarg_layouts={"x": Shard(0)}, desired_input_kwarg_layouts={"y": Replicate()})
+    with pytest.raises(TypeError, match="input_layouts=0"):
+        ColwiseParallel(input_layouts=0)
+    with pytest.raises(TypeError, match="use_local_output"):
+        RowwiseParallel(use_local_output="yes")
