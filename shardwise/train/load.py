@@ -33,7 +33,27 @@ class LoadMeter:
 
     def reset(self) -> None:
         self._counts = torch.zeros(len(self.boxes), dtype=torch.float64)
+        self._carried = torch.zeros(len(self.boxes), dtype=torch.float64)
         self.steps = 0
+
+    def snapshot(self) -> dict:
+        """Collective: the all-rank sums so far, for a checkpoint (see :meth:`restore`)."""
+        return {"sum": self._summed().tolist(), "steps": self.steps}
+
+    def restore(self, snap: dict) -> None:
+        """Continue counting from a snapshot taken with the same boxes (same plan and world size)."""
+        if len(snap["sum"]) != len(self.boxes):
+            raise ValueError(f"load snapshot has {len(snap['sum'])} shard counts, this plan {len(self.boxes)}; "
+                             f"restore only onto the plan it was taken from")
+        self.reset()
+        self._carried = torch.tensor(snap["sum"], dtype=torch.float64)
+        self.steps = int(snap["steps"])
+
+    def _summed(self) -> torch.Tensor:
+        t = self._counts.to(self.device)
+        if dist.is_initialized():
+            dist.all_reduce(t)
+        return t.cpu() + self._carried
 
     def observe(self, kjt, table_of: dict) -> None:
         """Count this rank's ids of ``kjt`` (feature -> table via ``table_of``)."""
@@ -55,10 +75,7 @@ class LoadMeter:
 
     def totals(self) -> list[float]:
         """Collective: ids per box, summed over ranks, per step observed."""
-        t = self._counts.to(self.device)
-        if dist.is_initialized():
-            dist.all_reduce(t)
-        return (t.cpu() / max(self.steps, 1)).tolist()
+        return (self._summed() / max(self.steps, 1)).tolist()
 
     def per_rank(self, totals: list[float]) -> list[float]:
         """Lookup work per rank per step: ids x columns of every box it holds."""

@@ -98,6 +98,8 @@ class Trainer:
         if meta is not None:
             self._load(meta)
         self.meter = LoadMeter(self.sparse.boxes(), self.plan, self.rank, self.world, self.device)
+        if meta is not None and meta["world"] == self.world and meta.get("load"):
+            self.meter.restore(meta["load"])
 
     def _state(self, template: bool = False) -> dict:
         dense = self.dense.state()
@@ -155,7 +157,8 @@ class Trainer:
         window, t0, seen0 = [], time.perf_counter(), self.step
         with progress:
             while self.step < cfg.steps:
-                if self.step == cfg.reshard_at and self.reshard_info["status"] == "pending":
+                # after a resume on another world size the counts restart: measure a step first
+                if self.step >= cfg.reshard_at and self.reshard_info["status"] == "pending" and self.meter.steps:
                     self._reshard(progress)
                 loss, logits, labels = self.train_step()
                 window.append((torch.sigmoid(logits), labels))
@@ -198,7 +201,8 @@ class Trainer:
         meta = {"step": self.step, "cursor": self.cursor, "world": self.world, "plan": plan_to_json(self.plan),
                 "plan_before": plan_to_json(self.plan_before), "history": self.history,
                 "reshard": self.reshard_info, "load_windows": self.load_windows,
-                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json()}
+                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json(),
+                "load": self.meter.snapshot()}
         ckpt.save_checkpoint(self.cfg.checkpoint_path, self.step, self._state(), meta)
 
     # ---- the end ----------------------------------------------------------------------------------

@@ -147,28 +147,32 @@ def _plot_load(path: Path, m: dict) -> None:
     width = 0.8 / max(len(windows), 1)
     for i, w in enumerate(windows):
         xs = [r + i * width for r in range(len(w["per_rank"]))]
-        ax.bar(xs, w["per_rank"], width, label=f"{w['label']} (max/mean {w['imbalance']:.2f})")
+        ax.bar(xs, w["per_rank"], width, label=f"{w['label']} (max/mean {_fmt(w['imbalance'], '.2f')})")
     ax.set_xticks([r + width * (len(windows) - 1) / 2 for r in range(m["world_size"])])
     ax.set_xticklabels([f"rank {r}" for r in range(m["world_size"])])
     ax.set_ylabel("measured lookups (ids x dim) per step")
     ax.set_title("per-rank embedding lookup load")
-    ax.legend()
+    ax.set_ylim(0, max([max(w["per_rank"]) for w in windows] + [1.0]) * 1.3)   # room for the legend
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
 
 
 def _print_summary(m: dict, folder: Path) -> None:
     t = Table(title="final figures")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    fmt = lambda v, f: "-" if v is None else format(v, f)   # noqa: E731
     t.add_row("steps", str(m["steps"]))
     t.add_row("loss (first 10% -> last 10%)", f"{m['loss']['first']:.4f} -> {m['loss']['last']:.4f}")
-    t.add_row("eval AUC", fmt(m["auc"]["eval"], ".4f"))
-    t.add_row("examples/s", fmt(m["throughput"]["examples_per_s"], ",.0f"))
+    t.add_row("eval AUC", _fmt(m["auc"]["eval"], ".4f"))
+    t.add_row("examples/s", _fmt(m["throughput"]["examples_per_s"], ",.0f"))
     t.add_row("reshard", str(m["reshard"].get("status")))
     for w in m["reshard"]["load_windows"]:
-        t.add_row(f"load max/mean ({w['label']})", f"{w['imbalance']:.2f}")
+        t.add_row(f"load max/mean ({w['label']})", _fmt(w["imbalance"], ".2f"))
     t.add_row("report", str(folder))
     console.print(t)

@@ -1,0 +1,118 @@
+"""The `shardwise` command end to end: help, plan, errors, and 2-process DLRM training runs."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from shardwise.cli import _is_ratio_line, main
+from shardwise.train.data import SyntheticClicks, default_cardinalities
+
+
+@pytest.mark.parametrize("cmd", [[], ["train"], ["plan"], ["bench"], ["validate"]])
+def test_help_for_every_subcommand(cmd, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(cmd + ["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage:" in out and (not cmd or cmd[0] in out)
+    if cmd == ["train"]:
+        for flag in ("--nproc-per-node", "--rdzv-endpoint", "--resume", "--reshard-at", "--dense-parallel",
+                     "--max-restarts", "--checkpoint-every", "--data", "--seed", "--out", "--batch-size"):
+            assert flag in out
+
+
+def test_python_dash_m_entry():
+    out = subprocess.run([sys.executable, "-m", "shardwise", "--help"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "train" in out.stdout and "validate" in out.stdout
+
+
+def test_plan_prints_a_table(capsys):
+    assert main(["plan", "--tables", "3", "--rows", "5000", "--dim", "8", "--world", "2"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"t{i}" in out for i in range(3)) and "sharding" in out and "rank 1" in out
+
+
+def test_bad_arguments_are_reported(capsys):
+    assert main(["plan", "--world", "0"]) == 2
+    assert "--world=0" in capsys.readouterr().err
+    assert main(["bench", "--only", "no_such_bench"]) == 2
+    assert main(["train", "--steps", "0"]) == 2
+    assert "steps=0" in capsys.readouterr().err
+
+
+def test_bench_ratio_filter():
+    assert _is_ratio_line({"bench": "compile_dp", "config": "ratios", "x": 1})
+    assert _is_ratio_line({"replicate_vs_ddp_time": 1.1})
+    assert not _is_ratio_line({"bench": "ebc", "step_ms": 3.0})
+
+
+def test_malformed_file_names_line_and_field(tmp_path, capsys):
+    good = "\t".join(["1"] + ["3"] * 13 + ["a1"] * 26)
+    bad = "\t".join(["0"] + ["3"] * 12 + ["3.5"] + ["a1"] * 26)
+    path = tmp_path / "bad.tsv"
+    path.write_text(f"{good}\n{good}\n{bad}\n")
+    assert main(["train", "--data", str(path), "--out", str(tmp_path / "r")]) == 2
+    assert "line 3, field I13: '3.5' is not an integer" in capsys.readouterr().err
+
+
+def _train(out, *extra):
+    args = ["train", "--nproc-per-node", "2", "--out", str(out), "--quiet", "--rows", "4000", *extra]
+    assert main(args) == 0
+    return json.loads((out / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def run_a(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "a"
+    return out, _train(out, "--steps", "24", "--batch-size", "128", "--checkpoint-every", "12", "--reshard-at", "12")
+
+
+def test_two_process_run_writes_a_sane_report(run_a):
+    out, m = run_a
+    for name in ("metrics.json", "loss.png", "load.png", "plan.md"):
+        assert (out / name).stat().st_size > 100, name
+    assert (out / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    assert m["world_size"] == 2 and m["steps"] == 24 and len(m["loss"]["value"]) == 24
+    assert m["loss"]["last"] < m["loss"]["first"] - 0.03
+    assert m["auc"]["eval"] > 0.6
+    assert m["throughput"]["examples_per_s"] > 0
+    assert len(m["plan_before"]) == 26 and {r["sharding"] for r in m["plan_before"]} <= {
+        "table_wise", "row_wise", "data_parallel"}
+    rs = m["reshard"]
+    assert rs["at_step"] == 12 and rs["status"] in ("applied", "no-change", "unavailable")
+    if rs["status"] == "unavailable":
+        assert "unavailable" in rs["reason"]
+    windows = rs["load_windows"]
+    assert [w["steps"] for w in windows] == [12, 12] and all(len(w["per_rank"]) == 2 for w in windows)
+    assert "| t_C1 |" in (out / "plan.md").read_text()
+
+
+def test_resume_continues_the_same_loss_curve(run_a, tmp_path):
+    out_a, m = run_a
+    # as if killed after step 12: only that checkpoint survives (the step-24 one is not there)
+    b = tmp_path / "b"
+    shutil.copytree(out_a / "checkpoints" / "step_00000012", b / "checkpoints" / "step_00000012")
+    mb = _train(b, "--steps", "24", "--batch-size", "128", "--checkpoint-every", "12", "--reshard-at", "12",
+                "--resume")
+    np.testing.assert_allclose(mb["loss"]["value"], m["loss"]["value"], rtol=0, atol=1e-5)
+    assert mb["reshard"]["status"] == m["reshard"]["status"]
+
+
+def test_criteo_file_with_missing_values_trains(tmp_path):
+    data = SyntheticClicks(1, default_cardinalities(300)).batch(0, 400)
+    rng = np.random.default_rng(0)
+    lines = []
+    for d, ids, y in zip(data.dense, data.ids, data.labels):
+        ints = ["" if rng.random() < 0.2 else str(int(v)) for v in d]
+        cats = ["" if i < 0 or rng.random() < 0.2 else format(int(i) * 2654435761 % 2**32, "08x") for i in ids]
+        lines.append("\t".join([str(int(y)), *ints, *cats]))
+    path = tmp_path / "day.tsv"
+    path.write_text("\n".join(lines) + "\n")
+    m = _train(tmp_path / "r", "--data", str(path), "--steps", "8", "--batch-size", "32", "--dense-parallel", "ddp",
+               "--checkpoint-every", "0", "--reshard-at", "0")
+    assert m["steps"] == 8 and all(np.isfinite(m["loss"]["value"]))
+    assert m["data"] == str(path) and m["reshard"]["status"] == "off"
