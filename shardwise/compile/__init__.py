@@ -17,6 +17,7 @@ Example::
 """
 from .api import CompiledStep, compile
 from .data_parallel import DataParallel
+from .expand import DTensorExpandMode
 from .modes import ParallelMode, Signature
 from .summary import collective_summary, format_graph
 
@@ -26,6 +27,7 @@ __all__ = [
     "ParallelMode",
     "Signature",
     "DataParallel",
+    "DTensorExpandMode",
     "collective_summary",
     "format_graph",
 ]

@@ -88,7 +88,7 @@ class CompiledStep:
         if self._owner is None:
             # Trace before touching the model: a step that cannot be traced
             # fails with the model and optimizer unchanged.
-            joint = self._trace_joint(model, optimizer, local)
+            joint = self._trace_joint(model, optimizer, self.mode.trace_batch(batch, local))
             self.state = self.mode.setup(model, optimizer, spec)
             self._owner = (id(model), id(optimizer))
         elif self._owner != (id(model), id(optimizer)):
@@ -100,7 +100,7 @@ class CompiledStep:
         key = self._guard_key(spec, local)
         entry = self._cache.get(key)
         if entry is None:
-            joint = joint or self._trace_joint(model, optimizer, local)
+            joint = joint or self._trace_joint(model, optimizer, self.mode.trace_batch(batch, local))
             entry = self._cache[key] = self._build(joint, spec, local)
         self._last = entry
         return self._run(entry, model, optimizer, local)

@@ -47,6 +47,10 @@ class ParallelMode(abc.ABC):
     def local_batch(self, batch: tuple) -> tuple:
         """This rank's part of the (global) batch; validates it identically on all ranks."""
 
+    def trace_batch(self, batch: tuple, local: tuple) -> tuple:
+        """The batch whose shapes the joint graph is traced with (default: this rank's part)."""
+        return local
+
     @abc.abstractmethod
     def partition(
         self, joint, state, spec, local_batch: tuple, fake_mode

@@ -177,3 +177,26 @@ def errors(rank, world):
             out[name] = (type(exc).__name__, str(exc))
     out["untouched"] = all(type(p.data) is torch.Tensor for p in model.parameters()) and not opt.state
     return out
+
+
+def expand_vs_single(rank, world, model_name, opt_name, shard_params=False, steps=3, fallback=False):
+    """DTensorExpandMode (batch Shard(0), params Replicate or Shard(0)) vs one process."""
+    from shardwise.compile import DTensorExpandMode
+    from shardwise.tensor import Replicate, Shard
+
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case(model_name, 4 * world)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_optimizer(opt_name, model.parameters()), make_optimizer(opt_name, ref.parameters())
+    rule = (lambda fqn, p: [Shard(0)] if p.dim() == 2 and p.shape[0] % world == 0 else [Replicate()]) \
+        if shard_params else None
+    mode = DTensorExpandMode(mesh, input_placements=([Shard(0)], [Shard(0)]), param_placements=rule,
+                             fallback_to_replicate=fallback)
+    step = compile(parallel_mode=mode)(fn)
+    diffs = []
+    for x, y in batches[:steps]:
+        loss = step(model, opt, x, y)
+        ref_loss = fn(ref, ref_opt, x, y)
+        diffs.append((abs(loss.item() - ref_loss.item()), _max_diff(list(model.parameters()), list(ref.parameters()))))
+    return {"diffs": diffs, "collectives": collective_summary(step.graph), "traces": step.traces,
+            "placements": sorted({str(p.placements) for p in model.parameters()})}

@@ -1,0 +1,28 @@
+"""DTensorExpandMode: shardings propagated by the DTensor core's rules, vs one process."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from shardwise.testing.harness import run_on_ranks
+from tests.compile import dp_cases
+
+
+@pytest.mark.parametrize("opt,shard_params", [("sgd", False), ("adamw", True)])
+def test_block_matches_single_process(opt, shard_params):
+    for r in run_on_ranks(dp_cases.expand_vs_single, 2, "block", opt, shard_params):
+        assert all(loss < 1e-5 and d < 1e-5 for loss, d in r["diffs"]), r["diffs"]
+        # batch-sharded activations make replicated-parameter gradients Partial: all-reduced
+        assert r["collectives"].get("all_reduce", (0, 0))[0] > 0
+        if shard_params:
+            assert {"(Shard(dim=0),)", "(Replicate(),)"} == set(r["placements"])
+            assert r["collectives"].get("all_gather", (0, 0))[0] > 0
+
+
+def test_mlp_with_replicate_fallback_for_ops_without_rules():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        res = run_on_ranks(dp_cases.expand_vs_single, 2, "mlp", "adam", False, 3, True)
+    for r in res:
+        assert all(loss < 1e-5 and d < 1e-5 for loss, d in r["diffs"]), r["diffs"]
