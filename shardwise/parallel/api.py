@@ -7,7 +7,9 @@ from typing import Union
 
 from torch import nn
 
-from .style import ParallelStyle
+from shardwise.tensor import DTensor
+
+from .style import ParallelStyle, _TPStyle
 
 __all__ = ["parallelize_module"]
 
@@ -39,7 +41,27 @@ def _resolve(module: nn.Module, plan: dict) -> list[tuple[str, nn.Module, Parall
         for n, m in found:
             style.check(n, m)
             targets.append((n, m, style))
+    _check_once(targets)
     return targets
+
+
+def _check_once(targets) -> None:
+    """A module's parameters can be distributed once: one parameter-owning style per module."""
+    owner: dict = {}
+    for name, mod, style in targets:
+        if not isinstance(style, _TPStyle):
+            continue
+        if any(isinstance(p, DTensor) for p in mod.parameters(recurse=False)):
+            raise ValueError(
+                f"parallelize_module: {name!r} already has DTensor parameters (parallelized before); "
+                "parallelize a fresh module or drop it from the plan"
+            )
+        if id(mod) in owner:
+            raise ValueError(
+                f"parallelize_module: {name!r} gets two parameter-sharding styles ({type(owner[id(mod)]).__name__}"
+                f" and {type(style).__name__}), e.g. from overlapping globs; give each module one"
+            )
+        owner[id(mod)] = style
 
 
 def parallelize_module(module: nn.Module, device_mesh, parallelize_plan: Union[ParallelStyle, dict]) -> nn.Module:

@@ -144,7 +144,8 @@ def _plan_errors(rank, world):
     mesh = worker_mesh((world,))
     out = {}
     for key, plan in [("missing", {"nope": ColwiseParallel()}), ("type", {"": ColwiseParallel()}),
-                      ("style", {"fc1": "colwise"})]:
+                      ("style", {"fc1": "colwise"}),
+                      ("twice", {"fc*": ColwiseParallel(), "fc1": RowwiseParallel()})]:
         model = Net()
         before = {n: type(p) for n, p in model.named_parameters()}
         try:
@@ -154,6 +155,10 @@ def _plan_errors(rank, world):
         assert {n: type(p) for n, p in model.named_parameters()} == before, "model changed"
     model = parallelize_module(Net(), mesh, {"fc*": ColwiseParallel(output_layouts=Replicate())})
     out["glob"] = [n for n, p in model.named_parameters() if isinstance(p, DTensor)]
+    try:
+        parallelize_module(model, mesh, {"fc1": ColwiseParallel()})
+    except ValueError as e:
+        out["again"] = str(e)
     return out
 
 
@@ -163,6 +168,8 @@ def test_plan_validation_and_globs():
     assert out["type"][0] == "TypeError" and "Net" in out["type"][1]
     assert out["style"][0] == "TypeError" and "ParallelStyle" in out["style"][1]
     assert out["glob"] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert out["twice"][0] == "ValueError" and "two parameter-sharding styles" in out["twice"][1]
+    assert "already has DTensor parameters" in out["again"]
 
 
 class _Echo(nn.Module):
