@@ -44,7 +44,7 @@ def make_batches(rank: int, args, count: int = 4):
 
 
 def time_steps(step, batches, args) -> list[float]:
-    for i in range(args.warmup):
+    for i in range(args.warmup):   # the first steps also pay torch.compile where it is used
         step(batches[i % len(batches)])
     dist.barrier()
     times = []
@@ -87,7 +87,8 @@ def run_shardwise(rank, args, plan_name):
         return time_steps(step, batches, args)
     gen = _shardwise_plan(plan_name, args.world)
     plan = {c.name: gen(i) for i, c in enumerate(cfgs)}
-    sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=LR))
+    sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=LR),
+                    compile_optimizer=not args.no_compile)
 
     def step(kjt):
         sharded(kjt).values().sum().backward()
@@ -192,6 +193,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--plans", type=lambda s: s.split(","), default=list(PLANS))
     p.add_argument("--torchrec-python", default=None)
+    p.add_argument("--no-compile", action="store_true", help="eager optimizer update (no torch.compile)")
     p.add_argument("--impl", default="all", choices=["all", "torchrec", "shardwise"])
     args = p.parse_args(argv)
     shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids)
@@ -205,7 +207,8 @@ def main(argv=None) -> None:
     ours = {}
     for plan in args.plans:
         ours[plan] = measure(args, "shardwise", plan)
-        _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ours[plan], 2), **shape})
+        _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ours[plan], 2),
+               "compiled_update": not args.no_compile, **shape})
     if args.impl == "shardwise":
         return
     unsharded = measure(args, "shardwise", "unsharded")

@@ -83,33 +83,74 @@ def row_wise_adagrad_update(weight, state, rows, grad, hp):
     weight.index_add_(0, rows, grad / std.unsqueeze(1), alpha=-hp["lr"])
 
 
+# Tensor-only kernels for torch.compile: coefficients arrive as one tensor so that a changing step
+# (Adam's bias correction) does not recompile. Inductor fuses gather, math and scatter into one loop.
+
+def sgd_kernel(weight, rows, grad, c):
+    weight.index_add_(0, rows, grad * -c[0])
+
+
+def adagrad_kernel(weight, acc_state, rows, grad, c):
+    acc = acc_state.index_select(0, rows) + grad * grad
+    acc_state.index_copy_(0, rows, acc)
+    weight.index_add_(0, rows, grad / (acc.sqrt() + c[1]) * -c[0])
+
+
+def adam_kernel(weight, m_state, v_state, rows, grad, c):
+    m = m_state.index_select(0, rows) * c[0] + grad * (1 - c[0])
+    v = v_state.index_select(0, rows) * c[1] + grad * grad * (1 - c[1])
+    m_state.index_copy_(0, rows, m)
+    v_state.index_copy_(0, rows, v)
+    weight.index_add_(0, rows, m / (v.sqrt() / c[3] + c[4]) * -c[2])
+
+
+def row_wise_adagrad_kernel(weight, acc_state, rows, grad, c):
+    acc = acc_state.index_select(0, rows) + (grad * grad).mean(dim=1)
+    acc_state.index_copy_(0, rows, acc)
+    weight.index_add_(0, rows, grad / (acc.sqrt() + c[1]).unsqueeze(1) * -c[0])
+
+
+def _adagrad_coeffs(hp, step):
+    return [hp["lr"] / (1 + (step - 1) * hp["lr_decay"]), hp["eps"]]
+
+
+def _adam_coeffs(hp, step):
+    beta1, beta2 = hp["betas"]
+    return [beta1, beta2, hp["lr"] / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step), hp["eps"]]
+
+
 @dataclass(frozen=True)
 class FusedRule:
-    """A supported optimizer: its update, its per-row state (name -> per-row or per-element), and
+    """A supported optimizer: its eager update, its compilable kernel with the kernel's
+    coefficients, its per-row state (name -> "elem" same shape as weight | "row" one per row), and
     the hyper-parameter values it cannot honour on touched rows only."""
 
     name: str
     update: Callable
-    state_shapes: dict          # state name -> "elem" (same shape as weight) | "row" (one per row)
+    state_shapes: dict
     init_values: Callable       # hp -> {state name: initial fill value}
     forbidden: dict             # hp name -> the only accepted value
+    kernel: Callable
+    coeffs: Callable            # (hp, step) -> list of floats for the kernel
     row_state: bool = False
 
 
 _RULES = {
     torch.optim.SGD: FusedRule(
         "SGD", sgd_update, {}, lambda hp: {},
-        {"momentum": 0, "weight_decay": 0, "maximize": False, "nesterov": False}),
+        {"momentum": 0, "weight_decay": 0, "maximize": False, "nesterov": False},
+        sgd_kernel, lambda hp, step: [hp["lr"]]),
     torch.optim.Adagrad: FusedRule(
         "Adagrad", adagrad_update, {"sum": "elem"}, lambda hp: {"sum": hp["initial_accumulator_value"]},
-        {"weight_decay": 0, "maximize": False}),
+        {"weight_decay": 0, "maximize": False}, adagrad_kernel, _adagrad_coeffs),
     torch.optim.Adam: FusedRule(
         "Adam", adam_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
         lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
-        {"weight_decay": 0, "maximize": False, "amsgrad": False}),
+        {"weight_decay": 0, "maximize": False, "amsgrad": False}, adam_kernel, _adam_coeffs),
     RowWiseAdagrad: FusedRule(
         "RowWiseAdagrad", row_wise_adagrad_update, {"sum": "row"},
-        lambda hp: {"sum": hp["initial_accumulator_value"]}, {}, row_state=True),
+        lambda hp: {"sum": hp["initial_accumulator_value"]}, {}, row_wise_adagrad_kernel,
+        lambda hp, step: [hp["lr"], hp["eps"]], row_state=True),
 }
 
 

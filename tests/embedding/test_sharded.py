@@ -60,3 +60,17 @@ def test_shard_errors_are_clear_and_identical_on_ranks():
     assert "host_index=5 but the mesh has 1 host" in msgs["host"]
     assert "RowWiseAdagrad keeps one accumulator per row" in msgs["rowwise_cw"]
     assert msgs["type"].startswith("TypeError") and "must be a ParameterSharding" in msgs["type"]
+
+
+def test_compiled_optimizer_kernels():
+    # compile_optimizer=True: the torch.compile'd kernels give the same training as the references
+    from shardwise.embedding import RowWiseAdagrad
+    import functools
+
+    cases = [(common.ADAGRAD, True), (common.ADAM, False), (common.SGD, False),
+             (functools.partial(RowWiseAdagrad, lr=0.1), False)]
+    results = run_on_ranks(workers.train_all_plans, 2, 1, ["table_wise"], cases, 2, True, timeout=600.0)
+    for rank, errors in enumerate(results):
+        assert len(errors) == len(cases)
+        for key, (err, moved) in errors.items():
+            assert moved > 1e-3 and err < 1e-5, f"rank {rank} {key}: error {err}, moved {moved}"

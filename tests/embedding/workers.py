@@ -33,7 +33,7 @@ def forward_all_plans(rank, world, hosts, plan_names, cases):
     return errors
 
 
-def train_all_plans(rank, world, hosts, plan_names, cases, steps=3):
+def train_all_plans(rank, world, hosts, plan_names, cases, steps=3, compile_optimizer=False):
     """Per (plan, optimizer, weighted): max abs weight error after ``steps`` fused steps vs the dense
     unsharded reference, and how far the reference moved (so a no-op update cannot pass)."""
     mesh = mesh_for(world, hosts)
@@ -45,7 +45,8 @@ def train_all_plans(rank, world, hosts, plan_names, cases, steps=3):
         want = reference(ebc, optimizer, world, steps, weighted)
         moved = max((w - ebc.embedding_bags[t].weight).abs().max().item() for t, w in want.items())
         for name in plan_names:
-            sharded = shard(ebc, common.plans(world, hosts)[name], mesh=mesh, optimizer=optimizer)
+            sharded = shard(ebc, common.plans(world, hosts)[name], mesh=mesh, optimizer=optimizer,
+                            compile_optimizer=compile_optimizer)
             for step in range(steps):
                 batches = common.rank_batches(world, step, weighted)
                 tgts = common.targets(world, step, [b.stride() for b in batches],
