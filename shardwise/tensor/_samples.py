@@ -604,7 +604,7 @@ _register_foreach()
 @_on(aten.linalg_vector_norm.default)
 def _vector_norm(op, m):
     return [S(m.f(5, 3)), S(m.f(5, 3), 1.0, [0]), S(m.f(5, 3), float("inf"), [1], True), S(m.f(2, 7), 3.0),
-            S(m.f(4, 3), 0.0)]
+            S(m.f(4, 3), 0.0), S(m.f(3, 5), -float("inf"), [0])]
 
 
 @_on(aten._foreach_norm.Scalar)

@@ -26,6 +26,7 @@ import torch
 
 from . import ops as _ops  # noqa: F401  (registers the rules)
 from ._samples import Plain, Sample, sample_inputs
+from ._simcomm import run_ranks
 from ._validation_report import Failure, OpReport, ValidationReport
 from .dispatch import _meta_outputs
 from .placements import MaskPartial, Partial, Placement, Replicate, Shard
@@ -376,8 +377,9 @@ def _compare_output(o: int, exp, pieces: list, spec, n: int, undefined: bool, to
     return err
 
 
-def _run_case(op, entry, sample: Sample, case: _Case, metas, checks, expected, n: int, gen):
-    """Returns (status, max error, message) with status "ok", "fail" or "real"."""
+def _run_case(op, entry, sample: Sample, case: _Case, metas, checks, expected, n: int, gen, sim_comm: bool):
+    """Returns (status, max error, message) with status "ok", "fail" or "real". Kernels that issue
+    collectives run again on thread ranks when ``sim_comm``, else they are reported as "real"."""
     if case.error:
         return "fail", float("nan"), case.error
     mesh = _SimMesh(n)
@@ -394,11 +396,18 @@ def _run_case(op, entry, sample: Sample, case: _Case, metas, checks, expected, n
                 pl = normalize_placements((p,), 1, m.ndim)
                 specs.append(DTensorSpec(mesh, pl, m.shape, m.stride(), m.dtype))
         pieces = [_distribute(t, p, n, gen) for t, p in zip(leaves, case.target)]
-        results = []
-        for r in range(n):
-            plan = entry.local(schema, decision, specs, mesh, (r,)) if entry.local else None
-            args, kwargs = _rebuild(sample.args, sample.kwargs, [p[r] for p in pieces])
-            results.append(_call(op, args, kwargs, plan, sample))
+
+        def one_rank(r: int, rank_mesh) -> list:  # on clones: a rerun must see the inputs unmodified
+            plan = entry.local(schema, decision, specs, rank_mesh, (r,)) if entry.local else None
+            args, kwargs = _rebuild(sample.args, sample.kwargs, [p[r].clone() for p in pieces])
+            return _call(op, args, kwargs, plan, sample)
+
+        try:
+            results = [one_rank(r, mesh) for r in range(n)]
+        except NeedsRealRanks:
+            if not sim_comm:
+                raise
+            results = run_ranks(n, one_rank)
         worst = 0.0
         tol = _tolerance([t.dtype for t in leaves] + [e.dtype for e in expected if isinstance(e, torch.Tensor)])
         for o, exp in enumerate(expected):
@@ -447,7 +456,7 @@ def _scalar_dependence(op, entry, sample: Sample, metas, n: int) -> str:
             return f"the rule's answer for ({_fmt(layout)}) changes with scalar values, which the plan cache ignores"
     return ""
 
-def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen) -> None:
+def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen, sim_comm: bool) -> None:
     name = str(op)
     stage = "the sample does not run on full tensors"
     try:
@@ -473,7 +482,7 @@ def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen) -> None:
             if case.skip:
                 rep.skipped += 1
                 continue
-            status, err, msg = _run_case(op, entry, sample, case, metas, checks, expected, n, gen)
+            status, err, msg = _run_case(op, entry, sample, case, metas, checks, expected, n, gen, sim_comm)
             if status == "real":
                 rep.real_ranks.append(f"[{sample.label}] n={n} {case.label}: {msg}")
                 continue
@@ -492,10 +501,13 @@ def _check_sizes(world_sizes) -> tuple:
     return sizes
 
 
-def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None) -> ValidationReport:
+def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None,
+                   simulate_collectives: bool = False) -> ValidationReport:
     """Check the sharding rules of ``ops`` (default: every registered op) on simulated 1-D meshes.
 
     ``samples`` optionally maps an op to its own list of ``Sample`` (instead of the built-in ones).
+    Local kernels issuing collectives are listed as needing real ranks, unless ``simulate_collectives``
+    runs them on thread ranks with simulated collectives (``_simcomm``).
 
     >>> from torch.ops import aten
     >>> validate_rules([aten.add.Tensor], world_sizes=(3,)).ok
@@ -519,7 +531,7 @@ def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None)
                 continue
             rep = report.ops[str(op)] = OpReport(str(op), samples=len(op_samples))
             for sample in op_samples:
-                _check_sample(op, lookup_rule(op), sample, sizes, rep, gen)
+                _check_sample(op, lookup_rule(op), sample, sizes, rep, gen, simulate_collectives)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -532,6 +544,8 @@ def main(argv=None) -> int:
     parser.add_argument("--world-sizes", default="2,3,4", help="comma-separated 1-D mesh sizes")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="print failures and the summary only")
+    parser.add_argument("--simulate-collectives", action="store_true",
+                        help="run kernels that issue collectives on thread ranks instead of skipping them")
     a = parser.parse_args(argv)
     try:
         sizes = _check_sizes(int(s) for s in a.world_sizes.split(",") if s.strip())
@@ -545,7 +559,7 @@ def main(argv=None) -> int:
             print(f"no registered op matches {a.op}; see shardwise.tensor.propagation.registered_ops()",
                   file=sys.stderr)
             return 2
-    report = validate_rules(ops, sizes, a.seed)
+    report = validate_rules(ops, sizes, a.seed, simulate_collectives=a.simulate_collectives)
     if a.quiet:
         print("\n".join([str(f) for f in report.failures] + [report.summary()]))
     else:

@@ -7,6 +7,8 @@ import pytest
 import torch
 from torch.ops import aten
 
+from shardwise.tensor._simcomm import run_ranks
+from shardwise.tensor.collectives import all_gather_dim, all_reduce, all_to_all_dims, reduce_scatter_dim
 from shardwise.tensor.placements import Partial, Replicate, Shard
 from shardwise.tensor.propagation.propagator import Decision
 from shardwise.tensor.propagation.registry import RULES, RuleEntry, registered_ops
@@ -58,6 +60,43 @@ def test_collective_kernels_are_listed_as_needing_real_ranks(report):
     # the id range check of batch-sharded lookups all-reduces its verdict
     assert all("(R, S(" in x for x in report.ops["aten.embedding.default"].real_ranks)
     assert "needs real ranks" in str(report)
+
+
+def test_collective_kernels_agree_on_simulated_collectives(report):
+    ops = [op for op in registered_ops() if report.ops.get(str(op)) and report.ops[str(op)].real_ranks]
+    assert ops
+    rep = validate_rules(ops, simulate_collectives=True)
+    assert rep.ok, "\n".join(str(f) for f in rep.failures)
+    for op in ops:
+        r, before = rep.ops[str(op)], report.ops[str(op)]
+        assert not r.real_ranks and r.checked == before.checked + len(before.real_ranks)
+
+
+def test_simulated_collectives_match_their_definitions():
+    full = torch.arange(35.0).reshape(7, 5)
+
+    def kernel(rank, mesh):
+        mine = torch.chunk(full, 3, dim=1)[rank]  # 2, 2, 1 columns
+        gathered = all_gather_dim(mine.contiguous(), 1, 5, mesh, 0)
+        scattered = reduce_scatter_dim(full * (rank + 1), "sum", 0, mesh, 0, rank)
+        swapped = all_to_all_dims(mine.contiguous(), 1, 0, 5, mesh, 0, rank)
+        return gathered, scattered, swapped, all_reduce(torch.tensor([rank]), "avg", mesh, 0)
+
+    for rank, (gathered, scattered, swapped, avg) in enumerate(run_ranks(3, kernel)):
+        assert torch.equal(gathered, full)
+        assert torch.equal(scattered, torch.chunk(full * 6, 3, dim=0)[rank])
+        assert torch.equal(swapped, torch.chunk(full, 3, dim=0)[rank])
+        assert avg.item() == 1
+
+
+def test_a_failing_simulated_rank_does_not_hang():
+    def kernel(rank, mesh):
+        if rank == 1:
+            raise ZeroDivisionError("rank 1")
+        return all_reduce(torch.ones(1), "sum", mesh, 0)
+
+    with pytest.raises(ZeroDivisionError, match="rank 1"):
+        run_ranks(3, kernel)
 
 
 def test_report_table_and_summary(report):

@@ -1,0 +1,140 @@
+"""Simulated collectives for the rule validator: ranks as threads of one process.
+
+Local kernels that issue collectives (through ``shardwise.tensor.collectives``) can then be checked
+on simulated ranks too. Each rank runs in its own thread with a mesh whose ``get_group`` returns a
+shared group object; while :func:`simulated_collectives` is active, the functional collectives that
+``collectives.py`` calls are replaced by exchanges through that group, written from the definitions
+of the collectives (independently of the code under test).
+
+>>> import torch
+>>> from shardwise.tensor.collectives import all_reduce
+>>> def kernel(rank, mesh):
+...     return all_reduce(torch.tensor([float(rank)]), "max", mesh, 0)
+>>> [t.item() for t in run_ranks(3, kernel)]
+[2.0, 2.0, 2.0]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import torch
+
+from . import collectives as _collectives
+
+__all__ = ["SimGroup", "run_ranks", "simulated_collectives"]
+
+_local = threading.local()
+_TIMEOUT_S = 20.0
+
+
+class SimGroup:
+    """The ranks of one simulated mesh dimension; ``exchange`` is an all-gather of Python values."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=_TIMEOUT_S)
+        self.slots: list = [None] * size
+
+    def exchange(self, value) -> list:
+        self.slots[_local.rank] = value
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()  # nobody overwrites a slot before every rank has read them all
+        return out
+
+
+def _reduce(tensors, op: str) -> torch.Tensor:
+    st = torch.stack(tensors)
+    if op == "sum":
+        return st.sum(0).to(st.dtype)
+    if op in ("max", "min"):
+        return st.amax(0) if op == "max" else st.amin(0)
+    raise ValueError(f"simulated all_reduce: reduce op {op!r} is not one of sum/max/min")
+
+
+class _Funcol:
+    """The functional collectives ``collectives.py`` uses, on SimGroups."""
+
+    @staticmethod
+    def wait_tensor(t):
+        return t
+
+    @staticmethod
+    def all_reduce(x, op, group: SimGroup):
+        return _reduce(group.exchange(x.clone()), op)
+
+    @staticmethod
+    def all_gather_single(x, gather_dim, group: SimGroup):
+        return torch.cat(group.exchange(x.clone()), dim=gather_dim)
+
+    @staticmethod
+    def reduce_scatter_single(x, op, scatter_dim, group: SimGroup):
+        total = _reduce(group.exchange(x.clone()), op)
+        return torch.chunk(total, group.size, dim=scatter_dim)[_local.rank].clone()
+
+    @staticmethod
+    def all_to_all_single(x, output_split_sizes, input_split_sizes, group: SimGroup):
+        pieces = group.exchange(list(torch.split(x, list(input_split_sizes), dim=0)))
+        return torch.cat([pieces[src][_local.rank] for src in range(group.size)], dim=0)
+
+    def __getattr__(self, name):
+        raise NotImplementedError(f"collective {name} is not simulated; add it to _simcomm._Funcol")
+
+
+@contextlib.contextmanager
+def simulated_collectives():
+    """Route ``shardwise.tensor.collectives`` through SimGroups (only the validator's thread ranks use
+    it; nothing else may issue collectives meanwhile)."""
+    real = _collectives.funcol
+    _collectives.funcol = _Funcol()
+    try:
+        yield
+    finally:
+        _collectives.funcol = real
+
+
+class _ThreadMesh:
+    """A 1-D mesh as one simulated rank sees it."""
+
+    def __init__(self, group: SimGroup, rank: int):
+        self.shape = (group.size,)
+        self.ndim = 1
+        self._group, self._rank = group, rank
+
+    def size(self, dim=None) -> int:
+        return self.shape[0]
+
+    def get_group(self, mesh_dim: int = 0) -> SimGroup:
+        return self._group
+
+    def get_coordinate(self):
+        return [self._rank]
+
+
+def run_ranks(n: int, fn) -> list:
+    """``[fn(rank, mesh) for rank in range(n)]``, each rank in its own thread, collectives simulated.
+    The first exception (by rank) is raised after every thread has stopped."""
+    group = SimGroup(n)
+    results, errors = [None] * n, [None] * n
+
+    def body(rank):
+        _local.rank = rank
+        try:
+            results[rank] = fn(rank, _ThreadMesh(group, rank))
+        except BaseException as e:  # noqa: BLE001  (re-raised below; stop the other ranks' waits)
+            errors[rank] = e
+            group.barrier.abort()
+
+    with simulated_collectives():
+        threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)), None)
+    first = first or next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
