@@ -36,8 +36,12 @@ def _local_norm(x: torch.Tensor, p: float, dims, keepdim: bool, mesh, mesh_dims)
     acc_dtype = x.dtype if x.dtype.is_floating_point else torch.float32
     ax = x.abs().to(acc_dtype)
     if p in (math.inf, -math.inf):
-        empty = torch.full((), -math.inf if p > 0 else math.inf, dtype=acc_dtype, device=x.device)
-        part = (ax.amax(dims, keepdim) if p > 0 else ax.amin(dims, keepdim)) if ax.numel() else empty
+        if any(ax.shape[d] == 0 for d in dims):  # an empty shard: max/min's identity, in the reduced shape
+            shape = [1 if d in dims else s for d, s in enumerate(ax.shape)]
+            part = torch.full(shape, -math.inf if p > 0 else math.inf, dtype=acc_dtype, device=x.device)
+            part = part if keepdim else part.reshape([s for d, s in enumerate(ax.shape) if d not in dims])
+        else:
+            part = ax.amax(dims, keepdim) if p > 0 else ax.amin(dims, keepdim)
     elif p == 0:
         part = (ax != 0).to(acc_dtype).sum(dims, keepdim)
     else:
