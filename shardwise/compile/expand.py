@@ -157,16 +157,8 @@ def _expand(mode: DTensorExpandMode, joint, state, spec, local_batch, fake_mode)
             user = [u.redistribute(mesh, [Replicate()]).to_local() for u in user]
             grad_of = dict(zip(names, grads))
             local_grads = [grad_of[f].redistribute(mesh, pl[f]).to_local() for f in updated]
-            by_name = dict(zip(names, storages))
             st_by = {f: dict(zip(keys[f], s)) for f, s in zip(updated, states)}
-            created = []
-            for gi, group in enumerate(spec.groups):
-                idx = [i for i, f in enumerate(updated) if state.group_of[f] == gi]
-                _, new_s = functional_update(group, [by_name[updated[i]] for i in idx], [local_grads[i] for i in idx],
-                                             [st_by[updated[i]] for i in idx], lrs[gi])
-                for i, s in zip(idx, new_s):
-                    f = updated[i]
-                    created += [((f, k), s[k]) for k in state_names(group, True) if k in s and k not in st_by[f]]
+            created = _local_update(spec, state, updated, dict(zip(names, storages)), local_grads, st_by, lrs)
             box["created"] = [k for k, _ in created]
             return user + [v for _, v in created]
 
@@ -193,6 +185,19 @@ def _expand(mode: DTensorExpandMode, joint, state, spec, local_batch, fake_mode)
     sig.outputs += [("opt_state", f, k) for f, k in box["created"]]
     _flatten_signature(gm)
     return gm, sig
+
+
+def _local_update(spec, state, updated, by_name, local_grads, st_by, lrs) -> list:
+    """Run the optimizer on local pieces (in place); returns lazily created state."""
+    created = []
+    for gi, group in enumerate(spec.groups):
+        idx = [i for i, f in enumerate(updated) if state.group_of[f] == gi]
+        _, new_s = functional_update(group, [by_name[updated[i]] for i in idx], [local_grads[i] for i in idx],
+                                     [st_by[updated[i]] for i in idx], lrs[gi])
+        for i, s in zip(idx, new_s):
+            f = updated[i]
+            created += [((f, k), s[k]) for k in state_names(group, True) if k in s and k not in st_by[f]]
+    return created
 
 
 class _ReplicateConstants(torch.fx.Interpreter):
