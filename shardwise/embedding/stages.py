@@ -244,5 +244,6 @@ class LocalOutputDist(AllToAllOutputDist):
 
     def __call__(self, pooled, routed: Routed, batch: int, batch_sizes: Optional[list] = None):
         flat = [p.reshape(-1) for p in pooled]
-        recv = torch.cat(flat) if len(flat) > 1 else (flat[0] if flat else torch.zeros(0, dtype=self.dtype))
+        recv = torch.cat(flat) if len(flat) > 1 else (
+            flat[0] if flat else torch.zeros(0, dtype=self.dtype, device=self.topo.device))
         return _blocks(recv, self.slots, batch)

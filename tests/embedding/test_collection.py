@@ -95,3 +95,23 @@ def test_row_wise_adagrad_dense_rule():
     torch.testing.assert_close(opt.state[p]["sum"], acc)
     torch.testing.assert_close(p.detach()[0], 1 - 0.5 * torch.tensor([3.0, 4.0]) / (acc[0].sqrt() + 1e-10))
     torch.testing.assert_close(p.detach()[1], torch.ones(2))
+
+
+def test_state_dict_layout_detection():
+    # which box layouts are exactly a DTensor placement (Replicate / Shard(0) / Shard(1)) on 1-D meshes
+    from shardwise.embedding.plan import ShardBox
+    from shardwise.embedding.state import _placement
+
+    def rows(blocks):
+        return [ShardBox("t", r, o, n, 0, 4) for r, (o, n) in enumerate(blocks)]
+
+    assert _placement(rows([(0, 2), (2, 1), (3, 0)]), (3, 4), 3, False) is None      # not chunk sizes
+    assert _placement(rows([(0, 1), (1, 1), (2, 1), (3, 0)]), (3, 4), 4, False) == "shard0"
+    assert _placement(rows([(0, 2), (2, 1)]), (3, 4), 2, False) == "shard0"
+    assert _placement(rows([(0, 2), (2, 1)])[::-1], (3, 4), 2, False) == "shard0"    # order-free
+    swapped = [ShardBox("t", 1, 0, 2, 0, 4), ShardBox("t", 0, 2, 1, 0, 4)]
+    assert _placement(swapped, (3, 4), 2, False) is None                              # rank 1 holds block 0
+    cols = [ShardBox("t", 0, 0, 3, 0, 2), ShardBox("t", 1, 0, 3, 2, 2)]
+    assert _placement(cols, (3, 4), 2, False) == "shard1"
+    assert _placement([ShardBox("t", 0, 0, 3, 0, 4)], (3, 4), 2, False) is None       # table-wise
+    assert _placement([ShardBox("t", r, 0, 3, 0, 4) for r in range(2)], (3, 4), 2, True) == "replicate"
