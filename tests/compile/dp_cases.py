@@ -201,3 +201,31 @@ def expand_vs_single(rank, world, model_name, opt_name, shard_params=False, step
         diffs.append((abs(loss.item() - ref_loss.item()), _max_diff(list(model.parameters()), list(ref.parameters()))))
     return {"diffs": diffs, "collectives": collective_summary(step.graph), "traces": step.traces,
             "placements": sorted({str(p.placements) for p in model.parameters()})}
+
+
+def _step_with_input_grad(model, optimizer, x, y):
+    x = x.detach().requires_grad_(True)
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    (gx,) = torch.autograd.grad(loss, [x], retain_graph=True)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.detach(), gx
+
+
+def input_grad_and_printing(rank, world, style):
+    """A step that also takes an input gradient; the graph prints with collective counts."""
+    from shardwise.compile import format_graph
+
+    mesh = worker_mesh((world,))
+    model, _, batches = make_case("mlp", 4 * world)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_optimizer("sgd", model.parameters()), make_optimizer("sgd", ref.parameters())
+    step = compile(parallel_mode=DataParallel(mesh, style=style))(_step_with_input_grad)
+    out = []
+    for x, y in batches[:2]:
+        loss, gx = step(model, opt, x, y)
+        xl, yl = x.chunk(world)[rank], y.chunk(world)[rank]
+        ref_loss, ref_gx = _step_with_input_grad(ref, ref_opt, xl, yl)  # eager on this rank's slice
+        out.append(((gx - ref_gx).abs().max().item(), abs(loss.item() - ref_loss.item())))
+    return {"diffs": out, "text": format_graph(step.graph)}

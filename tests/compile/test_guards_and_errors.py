@@ -38,3 +38,13 @@ def test_errors_are_clear_and_identical_on_all_ranks():
         assert out[name] is not None, f"{name} did not raise"
         assert out[name][0] == kind and text in out[name][1], (name, out[name])
     assert out["untouched"]
+
+
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_input_gradient_in_step_and_readable_graph(style):
+    for r in run_on_ranks(dp_cases.input_grad_and_printing, 2, style):
+        # the first step's parameters are identical, so this rank's input gradient matches eager
+        assert r["diffs"][0][0] < 1e-6 and r["diffs"][0][1] < 1e-6, r["diffs"]
+        header = r["text"].split("class ")[0]
+        kinds = ("all_reduce",) if style == "replicate" else ("all_gather", "reduce_scatter")
+        assert all(k in header for k in kinds) and "MiB" in header, header
