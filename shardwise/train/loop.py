@@ -165,7 +165,9 @@ class Trainer:
                 loss_g = self._global_mean(loss)
                 self.history["step"].append(self.step)
                 self.history["loss"].append(loss_g)
-                rate = (self.step - seen0) * self.world * cfg.batch_size / max(time.perf_counter() - t0, 1e-9)
+                if self.step == seen0 + 1:   # the first step traces the compiled graph: time from after it
+                    t1 = time.perf_counter()
+                rate = (self.step - seen0 - 1) * self.world * cfg.batch_size / max(time.perf_counter() - t1, 1e-9)
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps:
                     a = auc(self._gather(torch.cat([p for p, _ in window])),
                             self._gather(torch.cat([y for _, y in window])))
@@ -196,6 +198,9 @@ class Trainer:
             self.meter.reset()
         if self.rank == 0:
             progress.notice(_reshard_notice(res, self.step))
+            if res.status == "applied" and not self.cfg.quiet:
+                from .report import print_plan
+                print_plan(self.planner, self.plan, self.tables, "sharding plan after the live reshard")
 
     def save(self) -> None:
         meta = {"step": self.step, "cursor": self.cursor, "world": self.world, "plan": plan_to_json(self.plan),

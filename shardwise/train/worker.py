@@ -69,6 +69,11 @@ def run_worker(config_json: str) -> Optional[dict]:
     This is the function ``elastic_launch`` runs, so it is module-level and takes plain JSON.
     """
     cfg = TrainConfig.from_json(config_json)
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0 and cfg.checkpoint_every:
+        from .checkpoint import latest
+
+        # the launcher restarted the group after a failure: continue from the last committed checkpoint
+        cfg.resume = latest(cfg.checkpoint_path) is not None
     if not torch.cuda.is_available():
         # local processes share the cores: one thread each avoids oversubscription
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
