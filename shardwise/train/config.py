@@ -25,17 +25,17 @@ class TrainConfig:
         True
     """
 
-    steps: int = 300
+    steps: int = 1000
     batch_size: int = 256
     out: str = "shardwise-report"
     reshard_at: Optional[int] = None     # None: halfway through the run
-    checkpoint_every: int = 100
+    checkpoint_every: int = 200
     checkpoint_dir: Optional[str] = None  # None: <out>/checkpoints
     resume: bool = False
     data: Optional[str] = None
     seed: int = 0
     dense_parallel: str = "compile"
-    rows: int = 20000
+    rows: int = 100000
     dim: int = 16
     lr_dense: float = 0.003
     lr_sparse: float = 0.05
