@@ -40,7 +40,9 @@ class TrainState:
                 continue
             old = optimizer.state.get(params[n], {})
             if old:
-                self.states[n] = {k: self._convert_state(k, v, layouts[n]) for k, v in old.items()}
+                self.states[n] = {
+                    k: self._convert_state(k, v, layouts[n], self.storage[n].device) for k, v in old.items()
+                }
             else:
                 self.states[n] = init_state(spec.groups[g], self.storage[n], has_state=False)
         self._install(model, optimizer, params)
@@ -53,9 +55,11 @@ class TrainState:
             full = torch.cat([full, full.new_zeros((pad, *lay.shape[1:]))])
         return full[self.rank * lay.rows:(self.rank + 1) * lay.rows].clone()
 
-    def _convert_state(self, name: str, value, lay: ParamLayout):
+    def _convert_state(self, name: str, value, lay: ParamLayout, device):
         if name == "step" or not isinstance(value, torch.Tensor) or value.shape != lay.shape:
-            return value.clone() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+            if isinstance(value, torch.Tensor):
+                return value.detach().clone().to(device)
+            return torch.tensor(float(value), dtype=torch.float32, device=device)
         return self._shard(value.detach(), lay)
 
     def has_state(self, fqn: str) -> bool:
@@ -77,13 +81,12 @@ class TrainState:
             return DTensor.from_local(local, self.mesh, [Replicate()], shape=lay.shape)
 
     def _install(self, model, optimizer, params) -> None:
-        new = {}
-        for n in self.names:
-            mod_name, _, attr = n.rpartition(".")
-            mod = model.get_submodule(mod_name)
-            new[n] = torch.nn.Parameter(self.wrap(n, self.storage[n]), params[n].requires_grad)
-            setattr(mod, attr, new[n])
+        new = {n: torch.nn.Parameter(self.wrap(n, self.storage[n]), params[n].requires_grad) for n in self.names}
         by_id = {id(params[n]): new[n] for n in self.names}
+        # every alias of a tied parameter must point at the same new Parameter
+        for alias, p in model.named_parameters(remove_duplicate=False):
+            mod_name, _, attr = alias.rpartition(".")
+            setattr(model.get_submodule(mod_name), attr, by_id[id(p)])
         for group in optimizer.param_groups:
             group["params"] = [by_id[id(p)] for p in group["params"]]
         optimizer.state.clear()

@@ -132,7 +132,7 @@ def trace_joint(
         full = [next(it) if t else c for t, c in zip(is_t, consts)]
         rec = _StepRecorder(p_list)
         state = {**dict(zip(p_names, p_list)), **dict(zip(b_names, b_list))}
-        with _reparametrize_module(model, state), _patched(optimizer, rec):
+        with _reparametrize_module(model, state, tie_weights=True), _patched(optimizer, rec):
             out = step_fn(model, optimizer, *pytree.tree_unflatten(full, batch_spec))
         if rec.grads is None or not rec.stepped:
             raise ValueError(

@@ -229,3 +229,34 @@ def input_grad_and_printing(rank, world, style):
         ref_loss, ref_gx = _step_with_input_grad(ref, ref_opt, xl, yl)  # eager on this rank's slice
         out.append(((gx - ref_gx).abs().max().item(), abs(loss.item() - ref_loss.item())))
     return {"diffs": out, "text": format_graph(step.graph)}
+
+
+class _Tied(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(11, 8)
+        self.mid = torch.nn.Linear(8, 8)
+        self.out = torch.nn.Linear(8, 11, bias=False)
+        self.out.weight = self.emb.weight  # tied input/output embedding
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.mid(self.emb(tokens))))
+
+
+def tied_weights(rank, world, style):
+    """A tied embedding/head trains like one process (one parameter, two uses)."""
+    mesh = worker_mesh((world,))
+    torch.manual_seed(0)
+    model = _Tied()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_optimizer("adam", model.parameters()), make_optimizer("adam", ref.parameters())
+    from tests.compile.models import block_step
+
+    step = compile(parallel_mode=DataParallel(mesh, style=style))(block_step)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(3):
+        x, y = torch.randint(0, 11, (4 * world, 5), generator=g), torch.randint(0, 11, (4 * world, 5), generator=g)
+        step(model, opt, x, y)
+        block_step(ref, ref_opt, x, y)
+    return {"diff": _max_diff(list(model.parameters()), list(ref.parameters())),
+            "tied": model.out.weight is model.emb.weight}

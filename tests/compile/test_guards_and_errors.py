@@ -48,3 +48,9 @@ def test_input_gradient_in_step_and_readable_graph(style):
         header = r["text"].split("class ")[0]
         kinds = ("all_reduce",) if style == "replicate" else ("all_gather", "reduce_scatter")
         assert all(k in header for k in kinds) and "MiB" in header, header
+
+
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_tied_weights(style):
+    for r in run_on_ranks(dp_cases.tied_weights, 2, style):
+        assert r["tied"] and r["diff"] < 1e-5, r
