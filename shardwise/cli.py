@@ -50,7 +50,9 @@ def _train_parser(sub) -> None:
                        description="Train a DLRM-style click model: sharded embeddings, data-parallel MLPs. "
                                    "Launches the workers with torch's elastic launcher (as torchrun does).")
     add_train_arguments(t)
-    t.add_argument("--nproc-per-node", type=int, default=2, help="processes on this machine (default %(default)s)")
+    t.add_argument("--nproc-per-node", "--world-size", dest="nproc_per_node", type=int, default=2,
+                   help="processes on this machine; on one machine this is the world size, which may differ "
+                        "on --resume (default %(default)s)")
     t.add_argument("--nnodes", default="1", help="machines, N or MIN:MAX (default %(default)s)")
     t.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT every machine meets at (multi-machine runs)")
     t.add_argument("--rdzv-id", default=None, help="job id shared by all machines (multi-machine runs)")

@@ -116,3 +116,16 @@ def test_criteo_file_with_missing_values_trains(tmp_path):
                "--checkpoint-every", "0", "--reshard-at", "0")
     assert m["steps"] == 8 and all(np.isfinite(m["loss"]["value"]))
     assert m["data"] == str(path) and m["reshard"]["status"] == "off"
+
+
+def test_resume_on_another_world_size(run_a, tmp_path):
+    out_a, m = run_a
+    c = tmp_path / "c"
+    shutil.copytree(out_a / "checkpoints" / "step_00000024", c / "checkpoints" / "step_00000024")
+    mc = _train(c, "--steps", "28", "--batch-size", "128", "--checkpoint-every", "0", "--reshard-at", "12",
+                "--resume", "--world-size", "1")
+    assert mc["world_size"] == 1 and mc["steps"] == 28
+    assert mc["loss"]["value"][:24] == m["loss"]["value"]
+    # the tables moved onto one rank and kept what they learned: no jump back to the untrained loss
+    assert max(mc["loss"]["value"][24:]) < m["loss"]["first"] - 0.02
+    assert "resumed on 1 ranks" in mc["reshard"]["note"]
