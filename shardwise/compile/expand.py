@@ -184,7 +184,24 @@ def _expand(mode: DTensorExpandMode, joint, state, spec, local_batch, fake_mode)
     sig.outputs += [("user", i, None) for i in range(joint.n_user_out)]
     sig.outputs += [("opt_state", f, k) for f, k in box["created"]]
     _flatten_signature(gm)
+    _tag_placeholders(gm, sig)
     return gm, sig
+
+
+_KIND = {"param": "param", "buffer": "buffer", "opt_state": "opt_state", "lr": "hparam", "input": "input"}
+
+
+def _tag_placeholders(gm: torch.fx.GraphModule, sig: Signature) -> None:
+    """Provenance tags (as in the DataParallel graphs) from the signature we built."""
+    phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    assert len(phs) == len(sig.inputs), (len(phs), len(sig.inputs))
+    for node, (kind, fqn, _) in zip(phs, sig.inputs):
+        node.meta["sw_kind"] = _KIND[kind]
+        node.meta["sw_fqn"] = fqn if kind in ("param", "buffer", "opt_state") else None
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            val = node.meta.get("val")
+            node.meta.setdefault("sw_kind", "activation" if isinstance(val, torch.Tensor) else "non_tensor")
 
 
 def _local_update(spec, state, updated, by_name, local_grads, st_by, lrs) -> list:

@@ -136,12 +136,18 @@ def dtype_guard(rank, world):
     mesh = worker_mesh((world,))
     model, fn, batches = make_case("block", 2 * world)
     opt = make_optimizer("adam", model.parameters())
-    step = compile(parallel_mode=DataParallel(mesh, style="replicate"))(fn)
+    seen = []
+
+    def transform(gm):  # gm_transformation runs once per trace, on the final graph
+        seen.append(sum(1 for n in gm.graph.nodes if is_collective(n)))
+        return gm
+
+    step = compile(parallel_mode=DataParallel(mesh, style="replicate"), gm_transformation=transform)(fn)
     x, y = batches[0]
     step(model, opt, x, y)
     step(model, opt, x.to(torch.int32), y)
     step(model, opt, x, y)
-    return step.traces
+    return step.traces, len(seen), min(seen) > 0
 
 
 def _bad_step_no_backward(model, optimizer, x, y):
@@ -199,8 +205,11 @@ def expand_vs_single(rank, world, model_name, opt_name, shard_params=False, step
         loss = step(model, opt, x, y)
         ref_loss = fn(ref, ref_opt, x, y)
         diffs.append((abs(loss.item() - ref_loss.item()), _max_diff(list(model.parameters()), list(ref.parameters()))))
+    from shardwise.compile.classify import kind_counts
+
     return {"diffs": diffs, "collectives": collective_summary(step.graph), "traces": step.traces,
-            "placements": sorted({str(p.placements) for p in model.parameters()})}
+            "placements": sorted({str(p.placements) for p in model.parameters()}),
+            "kinds": dict(kind_counts(step.graph))}
 
 
 def _step_with_input_grad(model, optimizer, x, y):

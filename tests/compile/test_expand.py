@@ -15,6 +15,7 @@ def test_block_matches_single_process(opt, shard_params):
         assert all(loss < 1e-5 and d < 1e-5 for loss, d in r["diffs"]), r["diffs"]
         # batch-sharded activations make replicated-parameter gradients Partial: all-reduced
         assert r["collectives"].get("all_reduce", (0, 0))[0] > 0
+        assert r["kinds"]["param"] == 13 and r["kinds"]["input"] == 2 and r["kinds"]["hparam"] == 1
         if shard_params:
             assert {"(Shard(dim=0),)", "(Replicate(),)"} == set(r["placements"])
             assert r["collectives"].get("all_gather", (0, 0))[0] > 0

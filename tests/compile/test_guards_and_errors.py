@@ -16,8 +16,8 @@ def test_guards_and_scheduler(style):
         assert max(d for _, d in log) < 1e-5, log
 
 
-def test_dtype_change_retraces():
-    assert run_on_ranks(dp_cases.dtype_guard, 2) == [2, 2]
+def test_dtype_change_retraces_and_transformation_runs_per_trace():
+    assert run_on_ranks(dp_cases.dtype_guard, 2) == [(2, 2, True)] * 2
 
 
 def test_errors_are_clear_and_identical_on_all_ranks():
