@@ -269,3 +269,19 @@ def tied_weights(rank, world, style):
         block_step(ref, ref_opt, x, y)
     return {"diff": _max_diff(list(model.parameters()), list(ref.parameters())),
             "tied": model.out.weight is model.emb.weight}
+
+
+def resume_from_eager(rank, world, style, opt_name):
+    """Two eager steps (torch.optim state exists), then compiled steps: same as all eager."""
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("mlp", 4 * world)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_optimizer(opt_name, model.parameters()), make_optimizer(opt_name, ref.parameters())
+    for x, y in batches[:2]:
+        fn(model, opt, x, y)
+        fn(ref, ref_opt, x, y)
+    step = compile(parallel_mode=DataParallel(mesh, style=style))(fn)
+    for x, y in batches[2:]:
+        step(model, opt, x, y)
+        fn(ref, ref_opt, x, y)
+    return {"diff": _max_diff(list(model.parameters()), list(ref.parameters())), "traces": step.traces}

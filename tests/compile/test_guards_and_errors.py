@@ -54,3 +54,9 @@ def test_input_gradient_in_step_and_readable_graph(style):
 def test_tied_weights(style):
     for r in run_on_ranks(dp_cases.tied_weights, 2, style):
         assert r["tied"] and r["diff"] < 1e-5, r
+
+
+@pytest.mark.parametrize("style,opt", [("fully_shard", "adam"), ("replicate", "sgd")])
+def test_existing_optimizer_state_is_taken_over(style, opt):
+    for r in run_on_ranks(dp_cases.resume_from_eager, 2, style, opt):
+        assert r["diff"] < 1e-5 and r["traces"] == 1, r
