@@ -98,6 +98,7 @@ def bucketing_pair(rank, world, model_name, style, opt_name):
         for x, y in batches[:3]:
             step(model, opt, x, y)
         out[cap] = collective_summary(step.graph)
+        out[f"code_{cap}"] = step.graph.code
         finals.append([p.full_tensor() for p in model.parameters()])
     out["max_diff"] = max((a - b).abs().max().item() for a, b in zip(*finals))
     return out

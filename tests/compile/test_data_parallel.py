@@ -70,3 +70,5 @@ def test_bucketing_reduces_collectives(style):
         # same bytes move either way: bucketing only merges collectives
         assert {k: b for k, (_, b) in bucketed.items()} == {k: b for k, (_, b) in unbucketed.items()}
         assert r["max_diff"] < 1e-6
+    # every bucketing/scheduling decision depends on sizes only: all ranks build the same program
+    assert res[0]["code_0"] == res[1]["code_0"] and res[0][f"code_{1 << 20}"] == res[1][f"code_{1 << 20}"]
