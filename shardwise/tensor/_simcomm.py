@@ -17,6 +17,8 @@ of the collectives (independently of the code under test).
 from __future__ import annotations
 
 import contextlib
+import itertools
+import math
 import threading
 
 import torch
@@ -30,15 +32,20 @@ _TIMEOUT_S = 20.0
 
 
 class SimGroup:
-    """The ranks of one simulated mesh dimension; ``exchange`` is an all-gather of Python values."""
+    """The ranks along one mesh dimension (the others' coordinates fixed); ``exchange`` is an
+    all-gather of Python values in coordinate order."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self, size: int, mesh_dim: int = 0):
+        self.size, self.mesh_dim = size, mesh_dim
         self.barrier = threading.Barrier(size, timeout=_TIMEOUT_S)
         self.slots: list = [None] * size
 
+    @property
+    def rank(self) -> int:
+        return _local.coord[self.mesh_dim]
+
     def exchange(self, value) -> list:
-        self.slots[_local.rank] = value
+        self.slots[self.rank] = value
         self.barrier.wait()
         out = list(self.slots)
         self.barrier.wait()  # nobody overwrites a slot before every rank has read them all
@@ -72,12 +79,12 @@ class _Funcol:
     @staticmethod
     def reduce_scatter_single(x, op, scatter_dim, group: SimGroup):
         total = _reduce(group.exchange(x.clone()), op)
-        return torch.chunk(total, group.size, dim=scatter_dim)[_local.rank].clone()
+        return torch.chunk(total, group.size, dim=scatter_dim)[group.rank].clone()
 
     @staticmethod
     def all_to_all_single(x, output_split_sizes, input_split_sizes, group: SimGroup):
         pieces = group.exchange(list(torch.split(x, list(input_split_sizes), dim=0)))
-        return torch.cat([pieces[src][_local.rank] for src in range(group.size)], dim=0)
+        return torch.cat([pieces[src][group.rank] for src in range(group.size)], dim=0)
 
     def __getattr__(self, name):
         raise NotImplementedError(f"collective {name} is not simulated; add it to _simcomm._Funcol")
@@ -96,39 +103,46 @@ def simulated_collectives():
 
 
 class _ThreadMesh:
-    """A 1-D mesh as one simulated rank sees it."""
+    """A mesh as one simulated rank (at ``coord``) sees it."""
 
-    def __init__(self, group: SimGroup, rank: int):
-        self.shape = (group.size,)
-        self.ndim = 1
-        self._group, self._rank = group, rank
+    def __init__(self, mesh_shape: tuple, coord: tuple, groups: list):
+        self.shape, self.ndim = tuple(mesh_shape), len(mesh_shape)
+        self._coord, self._groups = coord, groups
 
     def size(self, dim=None) -> int:
-        return self.shape[0]
+        return math.prod(self.shape) if dim is None else self.shape[dim]
 
     def get_group(self, mesh_dim: int = 0) -> SimGroup:
-        return self._group
+        return self._groups[mesh_dim]
 
     def get_coordinate(self):
-        return [self._rank]
+        return list(self._coord)
 
 
-def run_ranks(n: int, fn) -> list:
-    """``[fn(rank, mesh) for rank in range(n)]``, each rank in its own thread, collectives simulated.
-    The first exception (by rank) is raised after every thread has stopped."""
-    group = SimGroup(n)
-    results, errors = [None] * n, [None] * n
+def run_ranks(mesh_shape, fn) -> list:
+    """``[fn(rank, mesh) for every rank]`` with each rank in its own thread and collectives simulated;
+    a rank is an int on an int (1-D) ``mesh_shape``, else its coordinate tuple. The first exception
+    (in rank order) is raised after every thread has stopped."""
+    shape = (mesh_shape,) if isinstance(mesh_shape, int) else tuple(mesh_shape)
+    ranks = list(itertools.product(*(range(n) for n in shape)))
+    groups: dict = {}
+    for c in ranks:  # one group per mesh dim and fixed other coordinates
+        for m, n in enumerate(shape):
+            groups.setdefault((m, c[:m] + c[m + 1:]), SimGroup(n, m))
+    results, errors = [None] * len(ranks), [None] * len(ranks)
 
-    def body(rank):
-        _local.rank = rank
+    def body(i, c):
+        _local.coord = c
+        mine = [groups[(m, c[:m] + c[m + 1:])] for m in range(len(shape))]
         try:
-            results[rank] = fn(rank, _ThreadMesh(group, rank))
+            results[i] = fn(c[0] if isinstance(mesh_shape, int) else c, _ThreadMesh(shape, c, mine))
         except BaseException as e:  # noqa: BLE001  (re-raised below; stop the other ranks' waits)
-            errors[rank] = e
-            group.barrier.abort()
+            errors[i] = e
+            for g in groups.values():
+                g.barrier.abort()
 
     with simulated_collectives():
-        threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(n)]
+        threads = [threading.Thread(target=body, args=(i, c), daemon=True) for i, c in enumerate(ranks)]
         for t in threads:
             t.start()
         for t in threads:

@@ -14,7 +14,8 @@ __all__ = ["Failure", "OpReport", "ValidationReport"]
 
 @dataclass
 class Failure:
-    """One failed check: ``max_error`` is NaN when the check failed without a value to compare."""
+    """One failed check. ``mesh_size``: an int (1-D mesh) or a mesh shape tuple; ``max_error`` is NaN
+    when the check failed without a value to compare."""
 
     op: str
     sample: str
@@ -25,7 +26,8 @@ class Failure:
 
     def __str__(self) -> str:
         err = "" if self.max_error != self.max_error else f" max_err={self.max_error:.3g}"
-        return f"{self.op} [{self.sample}] n={self.mesh_size} {self.strategy}:{err} {self.message}"
+        n = "x".join(map(str, self.mesh_size)) if isinstance(self.mesh_size, tuple) else self.mesh_size
+        return f"{self.op} [{self.sample}] n={n} {self.strategy}:{err} {self.message}"
 
 
 @dataclass

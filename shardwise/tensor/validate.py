@@ -1,15 +1,16 @@
 """Check every registered sharding rule against plain PyTorch, on simulated ranks in one process.
 
-For each op with sample inputs (``_samples.py``), each sample, each 1-D mesh size and each strategy
-its rule offers, the validator builds every rank's local inputs from the full sample tensors (torch.chunk
-pieces, copies, or random pieces whose reduction is the full value for pending reductions), plans the
-call the way the dispatcher does (decision, output specs, the rule's ``local`` hook), runs the op on
-every rank, assembles the global result from the claimed output placements and compares it with the
-op on the full tensors. Local kernels that issue collectives cannot run on simulated ranks; those
-combinations are listed as needing real ranks.
+For each op with sample inputs (``_samples.py``), each sample, each mesh (1-D sizes, optionally N-D
+shapes) and each strategy its rule offers (per-dim rules: every combination over the mesh dims), the
+validator builds every rank's local inputs from the full sample tensors (torch.chunk pieces, copies, or
+random pieces whose reduction is the full value for pending reductions), plans the call the way the
+dispatcher does (decision, output specs, the rule's ``local`` hook), runs the op on every rank,
+assembles the global result from the claimed output placements and compares it with the op on the
+full tensors. Local kernels that issue collectives cannot run on sequential simulated ranks; those
+combinations are listed as needing real ranks, or run on thread ranks with simulated collectives.
 
 >>> from torch.ops import aten
->>> report = validate_rules(ops=[aten.mm.default], world_sizes=(2, 3))
+>>> report = validate_rules(ops=[aten.mm.default], world_sizes=(2, 3, (2, 2)))
 >>> report.ok, report.ops["aten.mm.default"].checked > 0
 (True, True)
 """
@@ -17,19 +18,22 @@ combinations are listed as needing real ranks.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
 from . import ops as _ops  # noqa: F401  (registers the rules)
 from ._samples import Plain, Sample, sample_inputs
 from ._simcomm import run_ranks
+from ._validate_run import (Mismatch, call, compare_output, coords, distribute, flatten, leaves_of,
+                            partial_pieces, rebuild, tolerance)
 from ._validation_report import Failure, OpReport, ValidationReport
 from .dispatch import _meta_outputs
-from .placements import MaskPartial, Partial, Placement, Replicate, Shard
+from .placements import Partial, Replicate, Shard
 from .propagation.propagator import Decision, op_mutates_first_arg
 from .propagation.registry import lookup_rule, registered_ops
 from .propagation.schema import OpSchema, TensorArg
@@ -39,22 +43,22 @@ __all__ = ["validate_rules", "ValidationReport", "OpReport", "Failure", "NeedsRe
 
 R = Replicate()
 _CANDIDATES = (R, "first", "last", Partial("sum"), Partial("avg"), Partial("max"), Partial("min"))
+_partial_pieces = partial_pieces  # the tests check the pieces' reductions
 
 
 class NeedsRealRanks(RuntimeError):
-    """A local kernel touched the process group (a collective): it cannot run on simulated ranks."""
+    """A local kernel touched the process group (a collective): it cannot run on sequential ranks."""
 
 
 class _SimMesh:
-    """A 1-D stand-in for DeviceMesh: specs only need its shape; anything else (``get_group`` for a
-    collective) means the kernel needs real ranks."""
+    """A stand-in for DeviceMesh: specs only need its shape; anything else (``get_group`` for a
+    collective) means the kernel needs real (or thread) ranks."""
 
-    def __init__(self, size: int):
-        self.shape = (size,)
-        self.ndim = 1
+    def __init__(self, shape: tuple):
+        self.shape, self.ndim = tuple(shape), len(shape)
 
-    def size(self, dim: Optional[int] = None) -> int:
-        return self.shape[0]
+    def size(self, dim=None) -> int:
+        return self.shape[dim] if dim is not None else int(torch.tensor(self.shape).prod())
 
     def __getattr__(self, name):
         if name.startswith("__"):
@@ -66,102 +70,33 @@ class _NoDTensor:  # no value is an instance: ``_meta_outputs`` treats every ten
     pass
 
 
-# --- building inputs ---------------------------------------------------------------------------
-
-def _leaves(args, kwargs) -> list:
-    """Tensor leaves in the dispatcher's order: args (lists flattened), then tensor kwargs."""
-    out = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out.extend(x for x in a if isinstance(x, torch.Tensor))
-    out.extend(v for v in kwargs.values() if isinstance(v, torch.Tensor))
-    return out
+def _schema(op, sample: Sample, placements: Sequence, outputs, mesh_shape) -> OpSchema:
+    """The OpSchema the dispatcher builds when leaf ``i`` has ``placements[i]`` (None: a plain tensor)."""
+    leaves = leaves_of(sample.args, sample.kwargs)
+    tas = [TensorArg(i, t.shape, t.dtype, p) for i, (t, p) in enumerate(zip(leaves, placements))]
+    sargs, skw = rebuild(sample.args, sample.kwargs, tas)
+    return OpSchema(op, tuple(sargs), skw, tas, outputs, tuple(mesh_shape))
 
 
-def _rebuild(args, kwargs, leaves: Sequence) -> tuple[list, dict]:
-    """``args``/``kwargs`` with tensor leaves replaced in order (lists of tensors become lists)."""
-    it = iter(leaves)
-    new_args = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            new_args.append(next(it))
-        elif isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a):
-            new_args.append([next(it) if isinstance(x, torch.Tensor) else x for x in a])
-        else:
-            new_args.append(a)
-    new_kwargs = {k: next(it) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    return new_args, new_kwargs
-
-
-def _schema(op, sample: Sample, placements: Sequence, outputs, n: int) -> OpSchema:
-    """The OpSchema the dispatcher would build when leaf ``i`` has ``placements[i]`` (None: plain)."""
-    leaves = _leaves(sample.args, sample.kwargs)
-    tas = [TensorArg(i, t.shape, t.dtype, None if p is None else (p,)) for i, (t, p) in
-           enumerate(zip(leaves, placements))]
-    sargs, skw = _rebuild(sample.args, sample.kwargs, tas)
-    return OpSchema(op, tuple(sargs), skw, tas, outputs, (n,))
-
-
-def _partial_pieces(full: torch.Tensor, op: str, n: int, gen) -> list:
-    """``n`` random pieces whose ``op`` reduction is ``full`` (max/min: each element exact on one
-    random rank, strictly smaller/larger elsewhere)."""
-    shape, dt = full.shape, full.dtype
-    if op in ("sum", "avg"):
-        target = full * n if op == "avg" else full
-        if dt.is_floating_point:
-            noise = torch.randn((n - 1, *shape), generator=gen).to(dt)
-        else:
-            noise = torch.randint(-3, 4, (n - 1, *shape), generator=gen).to(dt)
-        return [*noise.unbind(0), target - noise.sum(0)]
-    owner = torch.randint(0, n, tuple(shape), generator=gen)
-    pieces = []
-    for r in range(n):
-        if dt == torch.bool:
-            coin = torch.rand(tuple(shape), generator=gen) < 0.5
-            other = (full & coin) if op == "max" else (full | coin)
-        else:
-            if dt.is_floating_point:
-                delta = (torch.rand(tuple(shape), generator=gen) + 0.25).to(dt)
-            else:
-                delta = torch.randint(1, 4, tuple(shape), generator=gen).to(dt)
-            other = full - delta if op == "max" else full + delta
-        pieces.append(torch.where(owner == r, full, other))
-    return pieces
-
-
-def _distribute(full: torch.Tensor, p: Optional[Placement], n: int, gen) -> list:
-    if p is None or type(p) is Replicate:
-        return [full.clone() for _ in range(n)]
-    if type(p) is Shard:
-        return _shard(full, p.dim, n)
-    return _partial_pieces(full, p.reduce_op, n, gen)
-
-
-def _shard(full: torch.Tensor, dim: int, n: int) -> list:
-    if full.dim() == 0:
-        raise ValueError("Shard on a 0-d tensor")
-    size = full.shape[dim]
-    chunk = -(-size // n)
-    sizes = [max(0, min(chunk, size - r * chunk)) for r in range(n)]
-    return [t.clone() for t in torch.split(full, sizes, dim=dim)]
-
-
-# --- cases: one layout of the inputs and outputs to check ----------------------------------------
+# --- cases: one layout of the inputs and outputs to check ------------------------------------------
 
 @dataclass
 class _Case:
     label: str
-    current: list  # per leaf: the placement the input holds (None: plain tensor)
-    target: list  # per leaf: the placement the local op sees
-    outputs: list  # per checked output: its claimed placement
+    current: list  # per leaf: the placements the input holds (None: plain tensor)
+    target: list  # per leaf: the placements the local op sees
+    outputs: list  # per checked output: its claimed placements
     skip: str = ""  # why the dispatcher never runs this case
     error: str = ""  # a malformed rule answer
 
 
 def _fmt(ps) -> str:
-    return ", ".join("-" if p is None else str(p) for p in ps)
+    def one(p):
+        if not isinstance(p, tuple):
+            return "-" if p is None else str(p)
+        return one(p[0]) if len(p) == 1 else "[" + ",".join(map(one, p)) + "]"
+
+    return ", ".join(map(one, ps))
 
 
 def _norm(p, ndim: int):
@@ -172,46 +107,19 @@ def _inplace_list(op, sample: Sample) -> bool:
     return op_mutates_first_arg(op) and bool(sample.args) and isinstance(sample.args[0], (list, tuple))
 
 
-def _skip_reason(op, leaves, plain, target, outputs) -> str:
-    for i, (t, p) in enumerate(zip(leaves, target)):
-        if i in plain and p is not None and type(p) is not Replicate:
-            return "a plain tensor must stay replicated"
-        if isinstance(p, Partial) and t.dtype == torch.bool and p.reduce_op in ("sum", "avg"):
-            return "a bool tensor cannot hold a pending sum"
-    if op_mutates_first_arg(op) and outputs and outputs[0] is not None and target and target[0] != outputs[0]:
+def _skip_reason(op, leaves, plain, reqs, outputs) -> str:
+    for i, (t, ps) in enumerate(zip(leaves, reqs)):
+        for p in ps or ():
+            if i in plain and p is not None and type(p) is not Replicate:
+                return "a plain tensor must stay replicated"
+            if isinstance(p, Partial) and t.dtype == torch.bool and p.reduce_op in ("sum", "avg"):
+                return "a bool tensor cannot hold a pending sum"
+    if op_mutates_first_arg(op) and outputs and outputs[0] is not None and reqs and reqs[0] != outputs[0]:
         return "an in-place op keeps its argument's layout"
     return ""
 
 
-def _per_dim_cases(op, entry, sample: Sample, metas, n: int, rep: OpReport) -> list:
-    leaves = _leaves(sample.args, sample.kwargs)
-    base = [None if i in sample.plain else R for i in range(len(leaves))]
-    cases = []
-    for st in entry.rule(_schema(op, sample, base, metas, n), n):
-        if len(st.inputs) != len(leaves) or len(st.outputs) != len(metas):
-            msg = (f"strategy has {len(st.inputs)} inputs/{len(st.outputs)} outputs, the op has {len(leaves)} "
-                   f"tensor args/{len(metas)} outputs")
-            cases.append(_Case(str(st), base, base, [], error=msg))
-            continue
-        reqs = [_norm(p, t.ndim) for p, t in zip(st.inputs, leaves)]
-        free = [i for i, p in enumerate(reqs) if p is None and base[i] is not None]
-        # an input without requirement keeps whatever layout it has: try replicated and sharded
-        fills = [R, Partial()] + ([Shard(0)] if any(leaves[i].ndim for i in free) else []) if free else [R]
-        for fill in fills:
-            current = [base[i] if i in sample.plain else reqs[i] if reqs[i] is not None
-                       else _place(fill, leaves[i], False) for i in range(len(leaves))]
-            target = [reqs[i] if i in sample.plain else current[i] for i in range(len(leaves))]
-            outs = [_norm(p, m.ndim) if m is not None else p for p, m in zip(st.outputs, metas)]
-            label = str(st) if len(fills) == 1 else f"{st} with free inputs {fill}"
-            skip = _skip_reason(op, leaves, sample.plain, target, outs)
-            cases.append(_Case(label, current, [None if i in sample.plain else t for i, t in enumerate(target)],
-                               outs, skip))
-    return cases
-
-
-def _place(kind, t: torch.Tensor, plain: bool):
-    if plain:
-        return None
+def _place(kind, t: torch.Tensor):
     if kind in ("first", "last") or type(kind) is Shard:
         return R if t.ndim == 0 else Shard(t.ndim - 1 if kind == "last" else 0)
     if isinstance(kind, Partial) and t.dtype == torch.bool and kind.reduce_op in ("sum", "avg"):
@@ -219,35 +127,62 @@ def _place(kind, t: torch.Tensor, plain: bool):
     return kind
 
 
-def _candidate_layouts(leaves, plain) -> list:
-    """Input layouts to offer a whole-mesh rule: all leaves alike, and two mixes."""
-    k = len(_CANDIDATES)
-    picks = [[c] * len(leaves) for c in _CANDIDATES]
-    picks += [[_CANDIDATES[i % k] for i in range(len(leaves))], [_CANDIDATES[(i + 3) % k] for i in range(len(leaves))]]
+def _per_dim_cases(op, entry, sample: Sample, metas, mesh_shape, rep: OpReport) -> list:
+    leaves, plain, nd = leaves_of(sample.args, sample.kwargs), sample.plain, len(mesh_shape)
+    base = [None if i in plain else (R,) * nd for i in range(len(leaves))]
+    schema = _schema(op, sample, base, metas, mesh_shape)
+    by_size = {n: entry.rule(schema, n) for n in sorted(set(mesh_shape))}
+    cases = []
+    for combo in itertools.product(*(by_size[n] for n in mesh_shape)):
+        label = str(combo[0]) if nd == 1 else " x ".join(f"[{st}]" for st in combo)
+        if any(len(st.inputs) != len(leaves) or len(st.outputs) != len(metas) for st in combo):
+            msg = f"a strategy's arity differs from the op's {len(leaves)} tensor args/{len(metas)} outputs"
+            cases.append(_Case(label, base, base, [], error=msg))
+            continue
+        reqs = [tuple(_norm(st.inputs[i], t.ndim) for st in combo) for i, t in enumerate(leaves)]
+        outs = [None if m is None else tuple(_norm(st.outputs[o], m.ndim) for st in combo)
+                for o, m in enumerate(metas)]
+        free = [i for i in range(len(leaves)) if i not in plain and None in reqs[i]]
+        # an input without requirement keeps whatever layout it has: try replicated, pending, sharded
+        fills = ([R, Partial()] + ([Shard(0)] if any(leaves[i].ndim for i in free) else [])) if free else [R]
+        for fill in fills:
+            current = [None if i in plain else tuple(_place(fill, t) if p is None else p for p in reqs[i])
+                       for i, t in enumerate(leaves)]
+            skip = _skip_reason(op, leaves, plain, [r if i in plain else current[i] for i, r in enumerate(reqs)],
+                                outs)
+            cases.append(_Case(label if len(fills) == 1 else f"{label} with free inputs {fill}", current,
+                               current, outs, skip))
+    return cases
+
+
+def _candidate_layouts(leaves, plain, nd: int) -> list:
+    """Input layouts to offer a whole-mesh rule: all leaves alike, and two mixes (per mesh dim)."""
+    k, n = len(_CANDIDATES), len(leaves)
+    uniform = [[c] * n for c in _CANDIDATES]
+    mixes = [[_CANDIDATES[i % k] for i in range(n)], [_CANDIDATES[(i + 3) % k] for i in range(n)]]
     seen, out = set(), []
-    for pick in picks:
-        layout = tuple(_place(c, t, i in plain) for i, (c, t) in enumerate(zip(pick, leaves)))
+    for picks in itertools.product(uniform + mixes, repeat=nd):
+        layout = tuple(None if i in plain else tuple(_place(p[i], t) for p in picks) for i, t in enumerate(leaves))
         if layout not in seen:
             seen.add(layout)
             out.append(list(layout))
     return out
 
 
-def _whole_mesh_cases(op, entry, sample: Sample, metas, n: int, rep: OpReport) -> list:
-    leaves = _leaves(sample.args, sample.kwargs)
+def _whole_mesh_cases(op, entry, sample: Sample, metas, mesh_shape, rep: OpReport) -> list:
+    leaves = leaves_of(sample.args, sample.kwargs)
     n_self = len(sample.args[0]) if _inplace_list(op, sample) else 0
     cases = []
-    for current in _candidate_layouts(leaves, sample.plain):
+    for current in _candidate_layouts(leaves, sample.plain, len(mesh_shape)):
         try:
-            dec = entry.rule(_schema(op, sample, current, metas, n), (n,))
+            dec = entry.rule(_schema(op, sample, current, metas, mesh_shape), tuple(mesh_shape))
         except NotImplementedError:
             rep.refused += 1
             continue
-        target = [None if c is None else _norm((d or (c,))[0], t.ndim)
+        target = [None if c is None else tuple(_norm(p, t.ndim) for p in (d or c))
                   for c, d, t in zip(current, dec.inputs, leaves)]
-        outs = [None if o is None else _norm(o[0], m.ndim) for o, m in zip(dec.outputs, metas)]
-        label = f"({_fmt(current)}) => ({_fmt(target)}) -> ({_fmt(outs)})"
-        case = _Case(label, current, target, outs)
+        outs = [None if o is None else tuple(_norm(p, m.ndim) for p in o) for o, m in zip(dec.outputs, metas)]
+        case = _Case(f"({_fmt(current)}) => ({_fmt(target)}) -> ({_fmt(outs)})", current, target, outs)
         if len(dec.inputs) != len(leaves) or len(dec.outputs) != len(metas):
             case.error = f"decision has {len(dec.inputs)} inputs/{len(dec.outputs)} outputs"
         if n_self:
@@ -260,170 +195,62 @@ def _whole_mesh_cases(op, entry, sample: Sample, metas, n: int, rep: OpReport) -
     return cases
 
 
-# --- running a case ------------------------------------------------------------------------------
+# --- running a case ---------------------------------------------------------------------------------
 
-class _Mismatch(Exception):
-    def __init__(self, message: str, err: float = float("nan")):
-        super().__init__(message)
-        self.err = err
-
-
-@dataclass
-class _Raw:  # a non-tensor result (``_local_scalar_dense``)
-    value: object
-
-
-def _flatten(op, out, args) -> list:
-    if op_mutates_first_arg(op) and len(op._schema.returns) <= 1:
-        out = args[0]
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [o if isinstance(o, torch.Tensor) else None for o in out]
-    return [_Raw(out)]
+def _specs(checks, outputs, mesh):
+    specs = []
+    for m, p in zip(checks, outputs):
+        if m is None or p is None or None in p:
+            specs.append(None)
+        else:
+            pl = normalize_placements(p, mesh.ndim, m.ndim)
+            specs.append(DTensorSpec(mesh, pl, m.shape, m.stride(), m.dtype))
+    return specs
 
 
-def _expected(op, sample: Sample) -> list:
-    args, kwargs = _rebuild(sample.args, sample.kwargs, [t.clone() for t in _leaves(sample.args, sample.kwargs)])
-    if sample.random:
-        torch.manual_seed(sample.seed)
-    return _flatten(op, op(*args, **kwargs), args)
-
-
-def _call(op, args: list, kwargs: dict, plan, sample: Sample) -> list:
-    if plan is not None:
-        for i, v in plan.arg_subs.items():
-            args[i] = v
-        if plan.kwarg_subs:
-            kwargs = {**kwargs, **plan.kwarg_subs}
-    if sample.random:
-        torch.manual_seed(sample.seed)
-    out = plan.kernel(op, args, kwargs) if plan is not None and plan.kernel else op(*args, **kwargs)
-    return _flatten(op, out, args)
-
-
-_TOL = {torch.float64: (1e-7, 1e-9), torch.float16: (2e-2, 2e-2), torch.bfloat16: (2e-2, 2e-2)}
-
-
-def _tolerance(dtypes) -> tuple[float, float]:
-    """(rtol, atol) of the least precise floating dtype involved: float32 pieces summed in float64
-    carry float32 rounding."""
-    tols = [_TOL.get(d, (1e-4, 1e-5)) for d in dtypes if d.is_floating_point or d.is_complex]
-    return max(tols, default=(0.0, 0.0))
-
-
-def _max_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    if a.shape != b.shape or a.numel() == 0:
-        return 0.0 if a.shape == b.shape else float("inf")
-    a, b = a.double(), b.double()
-    diff = (a - b).abs()
-    diff = torch.where(torch.isnan(a) & torch.isnan(b), torch.zeros_like(diff), diff)
-    return float(diff.nan_to_num(nan=float("inf")).max())
-
-
-def _close(a: torch.Tensor, b: torch.Tensor, tol=None) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if b.dtype.is_floating_point or b.dtype.is_complex:
-        rtol, atol = tol or _tolerance([b.dtype])
-        return torch.allclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
-    return torch.equal(a, b)
-
-
-def _assemble(pieces: list, p: Placement, n: int, tol, undefined: bool) -> torch.Tensor:
-    if type(p) is Shard:
-        return torch.cat(pieces, p.dim)
-    if type(p) is Replicate:
-        for r, t in enumerate(pieces[1:], 1):
-            if not undefined and not _close(t, pieces[0], tol):
-                raise _Mismatch(f"replicated output differs between rank 0 and rank {r}", _max_err(t, pieces[0]))
-        return pieces[0]
-    stacked, dt = torch.stack(pieces), pieces[0].dtype
-    op = "sum" if isinstance(p, MaskPartial) else p.reduce_op
-    if op == "max":
-        return stacked.amax(0)
-    if op == "min":
-        return stacked.amin(0)
-    total = stacked.sum(0).to(dt)
-    if op == "sum":
-        return total
-    return total / n if dt.is_floating_point else torch.div(total, n, rounding_mode="floor")
-
-
-def _compare_output(o: int, exp, pieces: list, spec, n: int, undefined: bool, tol) -> float:
-    if exp is None:
-        if any(p is not None for p in pieces):
-            raise _Mismatch(f"output {o}: a rank returned a tensor where the op returns none")
-        return 0.0
-    if isinstance(exp, _Raw):
-        for r, p in enumerate(pieces):
-            if not isinstance(p, _Raw) or not _close(torch.tensor(p.value), torch.tensor(exp.value)):
-                raise _Mismatch(f"output {o}: rank {r} returned {getattr(p, 'value', p)!r}, expected {exp.value!r}")
-        return 0.0
-    if spec is None:
-        raise _Mismatch(f"output {o} is a tensor but the rule gives it no placement")
-    for r, p in enumerate(pieces):
-        want = spec.local_shape((r,))
-        if not isinstance(p, torch.Tensor) or tuple(p.shape) != want or p.dtype != spec.dtype:
-            got = (tuple(p.shape), p.dtype) if isinstance(p, torch.Tensor) else p
-            raise _Mismatch(f"output {o} rank {r}: local {got}, but its spec "
-                            f"{spec.placements[0]} of {tuple(spec.shape)} {spec.dtype} says {want}")
-    got = _assemble(pieces, spec.placements[0], n, tol, undefined)
-    if undefined:
-        return 0.0
-    err = _max_err(got, exp)
-    if not _close(got, exp, tol):
-        raise _Mismatch(f"output {o} ({spec.placements[0]}) differs from the full-tensor op", err)
-    return err
-
-
-def _run_case(op, entry, sample: Sample, case: _Case, metas, checks, expected, n: int, gen, sim_comm: bool):
+def _run_case(op, entry, sample: Sample, case: _Case, metas, checks, expected, mesh_shape, gen, sim_comm: bool):
     """Returns (status, max error, message) with status "ok", "fail" or "real". Kernels that issue
     collectives run again on thread ranks when ``sim_comm``, else they are reported as "real"."""
     if case.error:
         return "fail", float("nan"), case.error
-    mesh = _SimMesh(n)
-    leaves = _leaves(sample.args, sample.kwargs)
+    mesh = _SimMesh(mesh_shape)
+    leaves = leaves_of(sample.args, sample.kwargs)
     try:
-        schema = _schema(op, sample, case.current, metas, n)
-        decision = Decision([None if c is None or t == c else (t,) for c, t in zip(case.current, case.target)],
-                            [None if m is None else (p,) for m, p in zip(metas, case.outputs)])
-        specs = []
-        for m, p in zip(checks, case.outputs):
-            if m is None or p is None:
-                specs.append(None)
-            else:
-                pl = normalize_placements((p,), 1, m.ndim)
-                specs.append(DTensorSpec(mesh, pl, m.shape, m.stride(), m.dtype))
-        pieces = [_distribute(t, p, n, gen) for t, p in zip(leaves, case.target)]
+        schema = _schema(op, sample, case.current, metas, mesh_shape)
+        decision = Decision([None if c is None or t == c else t for c, t in zip(case.current, case.target)],
+                            [None if m is None else p for m, p in zip(metas, case.outputs)])
+        specs = _specs(checks, case.outputs, mesh)
+        pieces = [distribute(t, p, mesh_shape, gen) for t, p in zip(leaves, case.target)]
+        seed = sample.seed if sample.random else None
 
-        def one_rank(r: int, rank_mesh) -> list:  # on clones: a rerun must see the inputs unmodified
-            plan = entry.local(schema, decision, specs, rank_mesh, (r,)) if entry.local else None
-            args, kwargs = _rebuild(sample.args, sample.kwargs, [p[r].clone() for p in pieces])
-            return _call(op, args, kwargs, plan, sample)
+        def one_rank(coord: tuple, rank_mesh) -> list:  # on clones: a rerun must see the inputs unmodified
+            plan = entry.local(schema, decision, specs, rank_mesh, coord) if entry.local else None
+            args, kwargs = rebuild(sample.args, sample.kwargs, [p[coord].clone() for p in pieces])
+            return call(op, args, kwargs, plan, seed)
 
+        ranks = coords(mesh_shape)
         try:
-            results = [one_rank(r, mesh) for r in range(n)]
+            results = dict(zip(ranks, [one_rank(c, mesh) for c in ranks]))
         except NeedsRealRanks:
             if not sim_comm:
                 raise
-            results = run_ranks(n, one_rank)
+            results = dict(zip(ranks, run_ranks(tuple(mesh_shape), one_rank)))
         worst = 0.0
-        tol = _tolerance([t.dtype for t in leaves] + [e.dtype for e in expected if isinstance(e, torch.Tensor)])
+        tol = tolerance([t.dtype for t in leaves] + [e.dtype for e in expected if isinstance(e, torch.Tensor)])
         for o, exp in enumerate(expected):
-            got = [res[o] if o < len(res) else None for res in results]
+            got = {c: res[o] if o < len(res) else None for c, res in results.items()}
             spec = specs[o] if o < len(specs) else None
-            worst = max(worst, _compare_output(o, exp, got, spec, n, sample.undefined, tol))
+            worst = max(worst, compare_output(o, exp, got, spec, mesh_shape, sample.undefined, tol))
         return "ok", worst, ""
     except NeedsRealRanks as e:
         return "real", float("nan"), str(e)
-    except _Mismatch as e:
+    except Mismatch as e:
         return "fail", e.err, str(e)
     except Exception as e:  # a local op rejecting its pieces is a rule bug too
         return "fail", float("nan"), f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
 
 
-# --- driver -----------------------------------------------------------------------------------
+# --- driver -----------------------------------------------------------------------------------------
 
 def _perturb(x, zero: bool):
     """Another value of the same type: the sign flipped and moved, or zero."""
@@ -434,29 +261,38 @@ def _perturb(x, zero: bool):
     return x if type(x) not in (int, float, complex) else 0 * x if zero else -2 * x - 1
 
 
-def _scalar_dependence(op, entry, sample: Sample, metas, n: int) -> str:
+def _scalar_dependence(op, entry, sample: Sample, metas, mesh_shape) -> str:
     """Pointwise/foreach plans are cached by scalar types only (a new learning rate reuses the plan),
     so their rules must answer the same for other scalar values."""
-    leaves = _leaves(sample.args, sample.kwargs)
-    layouts = _candidate_layouts(leaves, sample.plain) if entry.whole_mesh else [
-        [None if i in sample.plain else R for i in range(len(leaves))]]
+    leaves, nd = leaves_of(sample.args, sample.kwargs), len(mesh_shape)
+    layouts = _candidate_layouts(leaves, sample.plain, nd) if entry.whole_mesh else [
+        [None if i in sample.plain else (R,) * nd for i in range(len(leaves))]]
     for layout in layouts:
         answers = []
         for perturb in (None, False, True):
-            schema = _schema(op, sample, layout, metas, n)
+            schema = _schema(op, sample, layout, metas, mesh_shape)
             if perturb is not None:
                 schema.args = tuple(_perturb(a, perturb) for a in schema.args)
                 schema.kwargs = {k: v if type(v) in (list, tuple) else _perturb(v, perturb)
                                  for k, v in schema.kwargs.items()}
             try:
-                answers.append(repr(entry.rule(schema, (n,) if entry.whole_mesh else n)))
+                sizes = [tuple(mesh_shape)] if entry.whole_mesh else sorted(set(mesh_shape))
+                answers.append(repr([entry.rule(schema, s) for s in sizes]))
             except NotImplementedError as e:
                 answers.append(f"refused: {e}")
         if len(set(answers)) > 1:
             return f"the rule's answer for ({_fmt(layout)}) changes with scalar values, which the plan cache ignores"
     return ""
 
-def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen, sim_comm: bool) -> None:
+
+def _expected(op, sample: Sample) -> list:
+    args, kwargs = rebuild(sample.args, sample.kwargs, [t.clone() for t in leaves_of(sample.args, sample.kwargs)])
+    if sample.random:
+        torch.manual_seed(sample.seed)
+    return flatten(op, op(*args, **kwargs), args)
+
+
+def _check_sample(op, entry, sample: Sample, meshes, rep: OpReport, gen, sim_comm: bool) -> None:
     name = str(op)
     stage = "the sample does not run on full tensors"
     try:
@@ -468,10 +304,11 @@ def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen, sim_comm
         return
     checks = [t.to("meta") for t in sample.args[0]] if _inplace_list(op, sample) else metas
     make = _whole_mesh_cases if entry.whole_mesh else _per_dim_cases
-    for n in sizes:
+    for ms in meshes:
+        n = ms[0] if len(ms) == 1 else ms
         try:
-            cases = make(op, entry, sample, metas, n, rep)
-            msg = _scalar_dependence(op, entry, sample, metas, n) if entry.scalar_insensitive else ""
+            cases = make(op, entry, sample, metas, ms, rep)
+            msg = _scalar_dependence(op, entry, sample, metas, ms) if entry.scalar_insensitive else ""
             if msg:
                 rep.failures.append(Failure(name, sample.label, n, "rule", float("nan"), msg))
         except Exception as e:
@@ -482,20 +319,26 @@ def _check_sample(op, entry, sample: Sample, sizes, rep: OpReport, gen, sim_comm
             if case.skip:
                 rep.skipped += 1
                 continue
-            status, err, msg = _run_case(op, entry, sample, case, metas, checks, expected, n, gen, sim_comm)
+            status, err, msg = _run_case(op, entry, sample, case, metas, checks, expected, ms, gen, sim_comm)
             if status == "real":
-                rep.real_ranks.append(f"[{sample.label}] n={n} {case.label}: {msg}")
+                rep.real_ranks.append(f"[{sample.label}] n={_mesh_str(n)} {case.label}: {msg}")
                 continue
             rep.checked += 1
             if status == "fail":
                 rep.failures.append(Failure(name, sample.label, n, case.label, err, msg))
 
 
+def _mesh_str(n) -> str:
+    return str(n) if isinstance(n, int) else "x".join(map(str, n))
+
+
 def _check_sizes(world_sizes) -> tuple:
     sizes = tuple(world_sizes)
     for n in sizes:
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise ValueError(f"world_sizes={world_sizes!r}: each mesh size must be an int >= 1, e.g. (2, 3, 4)")
+        dims = n if isinstance(n, tuple) else (n,)
+        if not dims or any(not isinstance(d, int) or isinstance(d, bool) or d < 1 for d in dims):
+            raise ValueError(f"world_sizes={world_sizes!r}: each mesh must be a size >= 1 or a tuple of them "
+                             "(an N-D mesh shape), e.g. (2, 3, 4, (2, 2))")
     if not sizes:
         raise ValueError("world_sizes is empty: give at least one mesh size, e.g. (2, 3, 4)")
     return sizes
@@ -503,7 +346,8 @@ def _check_sizes(world_sizes) -> tuple:
 
 def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None,
                    simulate_collectives: bool = False) -> ValidationReport:
-    """Check the sharding rules of ``ops`` (default: every registered op) on simulated 1-D meshes.
+    """Check the sharding rules of ``ops`` (default: every registered op) on simulated meshes: an int
+    in ``world_sizes`` is a 1-D mesh of that size, a tuple an N-D mesh shape.
 
     ``samples`` optionally maps an op to its own list of ``Sample`` (instead of the built-in ones).
     Local kernels issuing collectives are listed as needing real ranks, unless ``simulate_collectives``
@@ -514,6 +358,7 @@ def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None,
     True
     """
     sizes = _check_sizes(world_sizes)
+    meshes = [n if isinstance(n, tuple) else (n,) for n in sizes]
     targets = registered_ops() if ops is None else list(ops)
     for op in targets:
         if lookup_rule(op) is None:
@@ -531,24 +376,38 @@ def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None,
                 continue
             rep = report.ops[str(op)] = OpReport(str(op), samples=len(op_samples))
             for sample in op_samples:
-                _check_sample(op, lookup_rule(op), sample, sizes, rep, gen, simulate_collectives)
+                _check_sample(op, lookup_rule(op), sample, meshes, rep, gen, simulate_collectives)
     report.seconds = time.perf_counter() - start
     return report
 
 
+def _parse_meshes(text: str) -> tuple:
+    meshes = []
+    for part in (s.strip() for s in text.split(",")):
+        if part:
+            dims = tuple(int(d) for d in part.split("x"))
+            meshes.append(dims[0] if len(dims) == 1 else dims)
+    return _check_sizes(meshes)
+
+
 def main(argv=None) -> int:
-    """``shardwise validate``: print the report; exit status 1 when a rule fails, 2 on bad arguments."""
+    """``shardwise validate``: print the report; exit status 1 when a rule fails, 2 on bad arguments.
+
+    >>> main(["--op", "aten.t.default", "--world-sizes", "2,2x2", "--quiet"])  # doctest: +ELLIPSIS
+    validated 1 ops on meshes [2, (2, 2)]: ... 0 failures, ...
+    0
+    """
     parser = argparse.ArgumentParser(prog="shardwise validate",
                                      description="Check sharding rules against full-tensor PyTorch.")
     parser.add_argument("--op", action="append", default=[], help="only ops whose name contains this")
-    parser.add_argument("--world-sizes", default="2,3,4", help="comma-separated 1-D mesh sizes")
+    parser.add_argument("--world-sizes", default="2,3,4", help="comma-separated meshes: sizes, or shapes like 2x2")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quiet", action="store_true", help="print failures and the summary only")
     parser.add_argument("--simulate-collectives", action="store_true",
                         help="run kernels that issue collectives on thread ranks instead of skipping them")
     a = parser.parse_args(argv)
     try:
-        sizes = _check_sizes(int(s) for s in a.world_sizes.split(",") if s.strip())
+        sizes = _parse_meshes(a.world_sizes)
     except ValueError as e:
         print(f"--world-sizes {a.world_sizes!r}: {e}", file=sys.stderr)
         return 2

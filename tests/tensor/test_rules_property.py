@@ -14,7 +14,8 @@ from shardwise.tensor.validate import Sample, validate_rules
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-mesh_sizes = st.integers(2, 4)
+# 1-D meshes, and 2-D ones where shards of one dim nest
+mesh_sizes = st.one_of(st.integers(2, 4), st.tuples(st.integers(2, 3), st.integers(2, 3)))
 dims = st.integers(1, 6)
 seeds = st.integers(0, 2**16)
 
