@@ -6,6 +6,7 @@ its torch.chunk boundaries line up on both sides; otherwise the rule asks for it
 
 from __future__ import annotations
 
+from itertools import combinations
 from math import prod
 
 from torch.ops import aten
@@ -13,6 +14,7 @@ from torch.ops import aten
 from ..placements import Partial, Shard
 from ..propagation.registry import register_rule
 from ..propagation.schema import LocalPlan, Strategy, TensorArg
+from ..spec import chunk_range
 from .common import ALL_PARTIALS, LINEAR_PARTIALS, R, normalize_dim, size_sub_local
 
 __all__ = ["view_groups"]
@@ -49,17 +51,28 @@ def _major(dims, shape) -> int:
     return dims[0]
 
 
+def _element_spans(size: int, inner: int, chain) -> list:
+    """(offset, length) in elements of every rank's block when ``size`` rows of ``inner`` elements are
+    split by the mesh sizes in ``chain`` in turn (nested torch.chunk)."""
+    spans = [(0, size)]
+    for n in chain:
+        spans = [(off + s, ln) for off, length in spans for s, ln in (chunk_range(length, n, i) for i in range(n))]
+    return [(off * inner, ln * inner) for off, ln in spans]
+
+
 def _view_rule(schema, mesh_size):
     x = schema.tensor_args[0]
     out_shape = schema.outputs[0].shape
     strategies = [Strategy((R,), (R,))] + [Strategy((p,), (p,)) for p in ALL_PARTIALS]
+    # the blocks must line up however the mesh dims nest on this dim (this one alone, or after/before
+    # others sharding it too): check every ordered subset of the mesh sizes
+    mesh = tuple(schema.mesh_shape) or (mesh_size,)
+    chains = [c for k in range(1, len(mesh) + 1) for c in combinations(mesh, k)]
     for a, b in view_groups(list(x.shape), list(out_shape)):
         ma, mb = _major(a, x.shape), _major(b, out_shape)
         inner_a = prod(x.shape[d] for d in a if d > ma)
         inner_b = prod(out_shape[d] for d in b if d > mb)
-        ca = -(-x.shape[ma] // mesh_size)
-        cb = -(-out_shape[mb] // mesh_size)
-        if ca * inner_a == cb * inner_b:
+        if all(_element_spans(x.shape[ma], inner_a, c) == _element_spans(out_shape[mb], inner_b, c) for c in chains):
             strategies.append(Strategy((Shard(mb),), (Shard(ma),)))
     return strategies
 
