@@ -100,6 +100,9 @@ class FastPath:
             self.scalar_types_only.setdefault(func, bool(entry and entry.scalar_insensitive))
             simple = not oplan.redist and oplan.local is None
             kind = oplan.out_kind
+            # views are left to the dispatcher so autograd's view tracking (version counters) holds
+            is_view = kind != "inplace" and any(r.alias_info is not None for r in op._schema.returns)
+            simple = simple and not is_view
             if simple and kind == "tensor" and isinstance(out, disp.cls) and out._spec is oplan.out_specs[0]:
                 plan = (oplan.out_specs[0], "wrap")
             elif simple and kind == "inplace" and out is args[0]:
