@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ class _SimMesh:
         self.shape, self.ndim = tuple(shape), len(shape)
 
     def size(self, dim=None) -> int:
-        return self.shape[dim] if dim is not None else int(torch.tensor(self.shape).prod())
+        return self.shape[dim] if dim is not None else math.prod(self.shape)
 
     def __getattr__(self, name):
         if name.startswith("__"):
