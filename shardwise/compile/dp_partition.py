@@ -194,8 +194,8 @@ class _DPBuilder:
         for f in fqns:
             group = spec.groups[st.group_of[f]]
             state_keys += [(f, k) for k in state_names(group, has_state=True)]
-        for n in new_p + new_s:
-            n.meta.setdefault("sw_kind", "opt_state")
+        for n in new_s:  # includes lazily created state (SGD's first momentum buffer)
+            n.meta["sw_kind"] = "opt_state"
         return list(zip(fqns, new_p)), list(zip(state_keys, new_s))
 
 
@@ -209,8 +209,14 @@ def _inline(graph: torch.fx.Graph, sub: torch.fx.GraphModule, inputs: list) -> l
             continue
         if node.op == "output":
             return [env[a] for a in pytree.tree_leaves(node.args[0])]
-        env[node] = graph.node_copy(node, lambda a: env[a])
-        env[node].meta.setdefault("sw_kind", "opt_state")
+        new = env[node] = graph.node_copy(node, lambda a: env[a])
+        new.meta["sw_region"] = "optimizer"
+        root = _alias_root(new)  # an in-place update is the parameter/state it writes
+        if root is not new and root.op == "placeholder":
+            new.meta["sw_kind"], new.meta["sw_fqn"] = root.meta.get("sw_kind"), root.meta.get("sw_fqn")
+        else:
+            is_t = isinstance(new.meta.get("val"), torch.Tensor)
+            new.meta["sw_kind"], new.meta["sw_fqn"] = ("activation" if is_t else "non_tensor"), None
     raise AssertionError("optimizer graph without output")
 
 

@@ -286,3 +286,24 @@ def resume_from_eager(rank, world, style, opt_name):
         step(model, opt, x, y)
         fn(ref, ref_opt, x, y)
     return {"diff": _max_diff(list(model.parameters()), list(ref.parameters())), "traces": step.traces}
+
+
+def graph_kinds(rank, world, style):
+    """Provenance tags of the final per-rank graph."""
+    from collections import Counter
+
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("mlp", 4 * world)
+    opt = make_optimizer("adam", model.parameters())
+    step = compile(parallel_mode=DataParallel(mesh, style=style))(fn)
+    step(model, opt, *batches[0])
+    nodes = list(step.graph.graph.nodes)
+    return {
+        "kinds": dict(Counter(n.meta.get("sw_kind") for n in nodes if n.op != "output")),
+        "placeholders": sorted({(n.meta["sw_kind"], n.meta.get("sw_fqn") is not None) for n in nodes if n.op == "placeholder"}),
+        "regions": dict(Counter(n.meta.get("sw_region") for n in nodes if n.op == "call_function")),
+        "grad_fqns": sorted({n.meta["sw_fqn"] for n in nodes if n.meta.get("sw_kind") == "grad" and n.meta.get("sw_fqn")}),
+        "writes": sorted({(n.meta["sw_kind"], n.meta["sw_fqn"]) for n in nodes
+                          if n.meta.get("sw_region") == "optimizer" and n.meta.get("sw_kind") in ("param", "opt_state")}),
+        "names": [n for n, _ in model.named_parameters()],
+    }

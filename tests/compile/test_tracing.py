@@ -83,3 +83,18 @@ def test_step_shape_errors(fn, text):
     model, _, batches = make_case("mlp", 4)
     with pytest.raises(ValueError, match=re.escape(text)):
         _trace(model, fn, batches[0])
+
+
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_per_rank_graph_is_tagged(style):
+    from shardwise.testing.harness import run_on_ranks
+    from tests.compile import dp_cases
+
+    r = run_on_ranks(dp_cases.graph_kinds, 2, style)[0]
+    assert r["placeholders"] == [("hparam", False), ("input", False), ("opt_state", True), ("param", True)]
+    assert set(r["regions"]) == {"forward", "backward", "optimizer"}
+    assert r["grad_fqns"] == sorted(r["names"])
+    # the optimizer writes every parameter and its three Adam state tensors in place
+    assert {f for k, f in r["writes"] if k == "param"} == set(r["names"])
+    assert len([1 for k, _ in r["writes"] if k == "opt_state"]) == len(r["names"])
+    assert {"activation", "grad", "param", "opt_state", "input", "hparam"} <= set(r["kinds"])

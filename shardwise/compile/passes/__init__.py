@@ -22,5 +22,25 @@ def run_passes(gm: torch.fx.GraphModule, world: int, bucket_cap_bytes: int, gath
         "gather_buckets": bucket_gathers(gm, world, gather_bucket_cap_bytes),
         "waits_moved": schedule_waits(gm),
     }
+    _fill_tags(gm.graph)
     gm.graph.lint()
     return stats
+
+
+_ROLE_REGION = {"gather_fwd": "forward", "gather_bwd": "backward", "grad_sync": "backward"}
+_ORDER = ("forward", "backward", "optimizer")
+
+
+def _fill_tags(graph: torch.fx.Graph) -> None:
+    """Give nodes the passes created a region (from their role or inputs) and a kind."""
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if "sw_region" not in node.meta:
+            ins = [i.meta.get("sw_region") for i in node.all_input_nodes]
+            ins = [r for r in ins if r in _ORDER]
+            role = _ROLE_REGION.get(node.meta.get("sw_role"))
+            node.meta["sw_region"] = role or (max(ins, key=_ORDER.index) if ins else "forward")
+        if "sw_kind" not in node.meta:
+            val = node.meta.get("val")
+            node.meta["sw_kind"] = "activation" if isinstance(val, torch.Tensor) else "non_tensor"
