@@ -307,3 +307,27 @@ def graph_kinds(rank, world, style):
                           if n.meta.get("sw_region") == "optimizer" and n.meta.get("sw_kind") in ("param", "opt_state")}),
         "names": [n for n, _ in model.named_parameters()],
     }
+
+
+def with_buffers(rank, world, style):
+    """BatchNorm buffers stay whole per rank; parameters and local running stats match DDP."""
+    mesh = worker_mesh((world,))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    ddp = DDP(copy.deepcopy(model), process_group=mesh.get_group(), broadcast_buffers=False)
+    opt, ddp_opt = make_optimizer("sgd", model.parameters()), make_optimizer("sgd", ddp.parameters())
+    from tests.compile.models import mlp_step
+
+    step = compile(parallel_mode=DataParallel(mesh, style=style))(mlp_step)
+    g = torch.Generator().manual_seed(5)
+    for _ in range(3):
+        x, y = torch.randn(4 * world, 6, generator=g), torch.randn(4 * world, 3, generator=g)
+        step(model, opt, x, y)
+        mlp_step(ddp, ddp_opt, x.chunk(world)[rank], y.chunk(world)[rank])
+    bufs = dict(model.named_buffers())
+    return {
+        "params": _max_diff(list(model.parameters()), list(ddp.module.parameters())),
+        "buffers": max((bufs[n].float() - b.float()).abs().max().item() for n, b in ddp.module.named_buffers()),
+        "plain_full": all(type(b) is torch.Tensor and b.shape == ddp.module.get_buffer(n).shape
+                          for n, b in bufs.items()),
+    }

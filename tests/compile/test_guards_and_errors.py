@@ -60,3 +60,9 @@ def test_tied_weights(style):
 def test_existing_optimizer_state_is_taken_over(style, opt):
     for r in run_on_ranks(dp_cases.resume_from_eager, 2, style, opt):
         assert r["diff"] < 1e-5 and r["traces"] == 1, r
+
+
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_buffers_are_never_sharded(style):
+    for r in run_on_ranks(dp_cases.with_buffers, 2, style):
+        assert r["plain_full"] and r["params"] < 1e-5 and r["buffers"] < 1e-5, r
