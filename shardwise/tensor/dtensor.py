@@ -159,8 +159,10 @@ class DTensor(torch.Tensor):
         """
         if not isinstance(local_tensor, torch.Tensor) or isinstance(local_tensor, DTensor):
             raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}")
-        placements = normalize_placements(placements, device_mesh.ndim, local_tensor.ndim)
-        gathered = _gather_local_shapes(local_tensor, device_mesh) if run_check else None
+        if run_check:
+            placements, gathered = _run_check_gather(local_tensor, device_mesh, placements)
+        else:
+            placements, gathered = normalize_placements(placements, device_mesh.ndim, local_tensor.ndim), None
         if shape is None:
             # even shards assumed; under run_check, from the first rank's piece so all ranks agree
             gshape = list(local_tensor.shape if gathered is None else gathered[0][1])
@@ -242,12 +244,30 @@ def _contiguous_stride(shape) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _gather_local_shapes(local, mesh) -> list:
-    """(rank, local shape, coordinate) of every rank of the mesh, in rank order (a collective)."""
+def _run_check_gather(local, mesh, placements) -> tuple:
+    """Validate placements and exchange every rank's (rank, local shape, coordinate) (a collective).
+
+    A rank whose own arguments are bad still joins the exchange, and dtypes and placements are compared,
+    so every rank raises the same error instead of one raising and the others waiting or mixing layouts.
+    """
+    try:
+        normalized, err = normalize_placements(placements, mesh.ndim, local.ndim), None
+    except (TypeError, ValueError) as e:
+        normalized, err = None, (type(e) is TypeError, str(e))
     gathered = [None] * mesh.size()
-    mine = (dist.get_rank(), tuple(local.shape), mesh_coord(mesh))
+    mine = (dist.get_rank(), tuple(local.shape), mesh_coord(mesh), str(local.dtype),
+            None if normalized is None else tuple(str(p) for p in normalized), err)
     dist.all_gather_object(gathered, mine, group=_mesh_group(mesh))
-    return sorted(gathered)
+    gathered.sort(key=lambda g: g[0])
+    for rank, *_, e in gathered:
+        if e is not None:
+            raise (TypeError if e[0] else ValueError)(f"from_local(run_check=True), rank {rank}: {e[1]}")
+    for what, idx in (("dtype", 3), ("placements", 4)):
+        if len({g[idx] for g in gathered}) > 1:
+            seen = "; ".join(f"rank {g[0]} has {g[idx]}" for g in gathered)
+            raise ValueError(f"from_local(run_check=True): ranks disagree on the {what} ({seen}); every rank "
+                             f"must pass the same {what} for one DTensor")
+    return normalized, [g[:3] for g in gathered]
 
 
 def _check_local_shapes(gathered, mesh, placements, shape) -> None:
