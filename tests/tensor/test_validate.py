@@ -3,6 +3,8 @@ ranks, every registered op has samples, and the validator does fail on wrong rul
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from torch.ops import aten
@@ -30,16 +32,22 @@ KNOWN_FAILURES = {
 }
 
 
+_CPU_SECONDS = {}
+
+
 @pytest.fixture(scope="module")
 def report() -> ValidationReport:
-    return validate_rules()
+    start = time.process_time()  # CPU time: the machine is shared, wall time is not ours
+    rep = validate_rules()
+    _CPU_SECONDS["full"] = time.process_time() - start
+    return rep
 
 
 def test_every_rule_agrees_with_full_tensor_ops(report):
     unexpected = [str(f) for f in report.failures if f.op not in KNOWN_FAILURES]
     assert not unexpected, "\n".join(unexpected[:40])
     assert sum(r.checked for r in report.ops.values()) > 5000
-    assert report.seconds < 60
+    assert _CPU_SECONDS["full"] < 30
 
 
 def test_known_failures_still_fail(report):
