@@ -154,31 +154,25 @@ def _emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
-def torchrec_times(args) -> dict:
+def torchrec_time(args, plan: str):
+    """TorchRec's median step time for one plan (a subprocess in its own interpreter), or None."""
     python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
     if not python or not os.path.exists(python):
-        print(f"# TorchRec skipped: no interpreter (pass --torchrec-python or set SHARDWISE_TORCHREC_PYTHON; "
-              f"got {python!r})", file=sys.stderr)
-        return {}
-    cmd = [python, __file__, "--impl", "torchrec"] + _common_flags(args)
+        return None
+    cmd = [python, __file__, "--impl", "torchrec"] + _common_flags(args, [plan])
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH="")
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         print(f"# TorchRec run failed, skipped:\n{proc.stderr[-3000:]}", file=sys.stderr)
-        return {}
-    out = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            rec = json.loads(line)
-            out[rec["plan"]] = rec["ms_median"]
-            _emit(rec)
-    return out
+        return None
+    recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return recs[-1]["ms_median"] if recs else None
 
 
-def _common_flags(args) -> list[str]:
+def _common_flags(args, plans) -> list[str]:
     return ["--world", str(args.world), "--tables", str(args.tables), "--rows", str(args.rows),
             "--dim", str(args.dim), "--batch", str(args.batch), "--ids", str(args.ids),
-            "--iters", str(args.iters), "--warmup", str(args.warmup), "--plans", ",".join(args.plans)]
+            "--iters", str(args.iters), "--warmup", str(args.warmup), "--plans", ",".join(plans)]
 
 
 def main(argv=None) -> None:
@@ -193,6 +187,7 @@ def main(argv=None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--plans", type=lambda s: s.split(","), default=list(PLANS))
     p.add_argument("--torchrec-python", default=None)
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every implementation")
     p.add_argument("--no-compile", action="store_true", help="eager optimizer update (no torch.compile)")
     p.add_argument("--impl", default="all", choices=["all", "torchrec", "shardwise"])
     args = p.parse_args(argv)
@@ -204,21 +199,44 @@ def main(argv=None) -> None:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
     os.environ["PYTHONPATH"] = root + os.pathsep + os.environ.get("PYTHONPATH", "")  # for spawned ranks
-    ours = {}
-    for plan in args.plans:
-        ours[plan] = measure(args, "shardwise", plan)
-        _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ours[plan], 2),
-               "compiled_update": not args.no_compile, **shape})
+    python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
+    if args.impl == "all" and (not python or not os.path.exists(python)):
+        print(f"# TorchRec skipped: no interpreter (pass --torchrec-python or set SHARDWISE_TORCHREC_PYTHON; "
+              f"got {python!r})", file=sys.stderr)
+    ours, peer = run_rounds(args, shape)
     if args.impl == "shardwise":
         return
+    report(args, shape, ours, peer)
+
+
+def run_rounds(args, shape) -> tuple[dict, dict]:
+    """Interleaved rounds (ours, then TorchRec, per plan) so other processes' load hits both alike."""
+    ours: dict = {p: [] for p in args.plans}
+    peer: dict = {p: [] for p in args.plans}
+    for _ in range(args.rounds):
+        for plan in args.plans:
+            ours[plan].append(measure(args, "shardwise", plan))
+            _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ours[plan][-1], 2),
+                   "compiled_update": not args.no_compile, **shape})
+            if args.impl == "all":
+                t = torchrec_time(args, plan)
+                if t is not None:
+                    peer[plan].append(t)
+                    _emit({"bench": "ebc", "impl": "torchrec", "plan": plan, "ms_median": t, **shape})
+    return ours, peer
+
+
+def report(args, shape, ours: dict, peer: dict) -> None:
     unsharded = measure(args, "shardwise", "unsharded")
-    _emit({"bench": "ebc", "impl": "unsharded_dense_adagrad", "plan": "none", "ms_median": round(unsharded, 2), **shape})
-    peer = torchrec_times(args)
+    _emit({"bench": "ebc", "impl": "unsharded_dense_adagrad", "plan": "none", "ms_median": round(unsharded, 2),
+           **shape})
     for plan in args.plans:
-        rec = {"bench": "ebc", "plan": plan, "shardwise_ms": round(ours[plan], 2),
-               "unsharded_ms": round(unsharded, 2), "speedup_vs_unsharded": round(unsharded / ours[plan], 2)}
-        if plan in peer:
-            rec.update(torchrec_ms=peer[plan], ratio_vs_torchrec=round(ours[plan] / peer[plan], 3))
+        mine = statistics.median(ours[plan])
+        rec = {"bench": "ebc", "plan": plan, "shardwise_ms": round(mine, 2), "unsharded_ms": round(unsharded, 2),
+               "speedup_vs_unsharded": round(unsharded / mine, 2), "rounds": args.rounds}
+        if peer[plan]:
+            theirs = statistics.median(peer[plan])
+            rec.update(torchrec_ms=round(theirs, 2), ratio_vs_torchrec=round(mine / theirs, 3))
         _emit(rec)
 
 

@@ -40,8 +40,6 @@ class ShardStore:
         self.boxes = list(boxes)
         self.widths, self.loc = local_layout(self.boxes, rank)
         rows = [0] * len(self.widths)
-        for w, base in self.loc.values():
-            rows[w] = max(rows[w], base)
         for i, (w, base) in self.loc.items():
             rows[w] = max(rows[w], base + self.boxes[i].row_size)
         dtype = next(iter(full_weights.values())).dtype
