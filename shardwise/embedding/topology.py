@@ -30,6 +30,8 @@ class Topology:
     world_size: int
     device: torch.device
     hosts: tuple
+    host_group: Any = None      # the ranks of this rank's host (row of a 2-D mesh), None on 1-D
+    peer_group: Any = None      # the ranks with this rank's local index on every host, None on 1-D
 
     @staticmethod
     def from_mesh(mesh: Optional[Any]) -> "Topology":
@@ -58,5 +60,8 @@ class Topology:
         pos = {g: i for i, g in enumerate(ranks)}
         rows = mesh.mesh.tolist() if mesh.ndim == 2 else [ranks]
         hosts = tuple(tuple(pos[g] for g in row) for row in rows)
+        host_group = mesh.get_group(1) if mesh.ndim == 2 else None
+        peer_group = mesh.get_group(0) if mesh.ndim == 2 else None
         return Topology(group=group, mesh=mesh, rank=dist.get_rank(group), world_size=len(ranks),
-                        device=_device_for(mesh.device_type), hosts=hosts)
+                        device=_device_for(mesh.device_type), hosts=hosts, host_group=host_group,
+                        peer_group=peer_group)

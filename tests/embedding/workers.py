@@ -23,6 +23,8 @@ def forward_all_plans(rank, world, hosts, plan_names, cases):
         all_plans = common.plans(world, hosts)
         for name in plan_names:
             sharded = shard(ebc, all_plans[name], mesh=mesh)
+            if name == "table_row_wise" and hosts > 1:   # the two-level output dist must be in use
+                assert sharded._groups[0].stages.output_dist.enabled
             for step in range(2):
                 kjt = common.rank_batches(world, step, weighted)[rank]
                 got = sharded(kjt)
