@@ -25,10 +25,14 @@ import torch
 
 from . import collectives as _collectives
 
-__all__ = ["SimGroup", "run_ranks", "simulated_collectives"]
+__all__ = ["SimGroup", "NotSimulated", "run_ranks", "simulated_collectives"]
 
 _local = threading.local()
 _TIMEOUT_S = 20.0
+
+
+class NotSimulated(RuntimeError):
+    """A kernel used a communication API the simulation does not provide: it needs real ranks."""
 
 
 class SimGroup:
@@ -50,6 +54,11 @@ class SimGroup:
         out = list(self.slots)
         self.barrier.wait()  # nobody overwrites a slot before every rank has read them all
         return out
+
+    def __getattr__(self, name):  # a real process-group method: c10d code the simulation bypasses
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise NotSimulated(f"process-group call {name!r} is not simulated")
 
 
 def _reduce(tensors, op: str) -> torch.Tensor:
@@ -87,19 +96,69 @@ class _Funcol:
         return torch.cat([pieces[src][group.rank] for src in range(group.size)], dim=0)
 
     def __getattr__(self, name):
-        raise NotImplementedError(f"collective {name} is not simulated; add it to _simcomm._Funcol")
+        raise NotSimulated(f"functional collective {name!r} is not simulated (add it to _simcomm._Funcol)")
+
+
+class _Done:
+    @staticmethod
+    def wait(*args, **kwargs):
+        return True
+
+
+class _Dist:
+    """``torch.distributed`` with its in-place c10d collectives acting on SimGroups; everything else
+    (ReduceOp, other groups) goes to the real module."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def _op(self, op) -> str:
+        for name in ("SUM", "MAX", "MIN", "AVG"):
+            if op is None and name == "SUM" or op == getattr(self._real.ReduceOp, name):
+                return name.lower()
+        raise NotSimulated(f"reduce op {op} is not simulated")
+
+    def all_reduce(self, tensor, op=None, group=None, async_op=False):
+        if not isinstance(group, SimGroup):
+            return self._real.all_reduce(tensor, op if op is not None else self._real.ReduceOp.SUM, group, async_op)
+        name = self._op(op)
+        total = _reduce(group.exchange(tensor.clone()), "sum" if name == "avg" else name)
+        tensor.copy_(total / group.size if name == "avg" else total)
+        return _Done() if async_op else None
+
+    def all_gather_into_tensor(self, output, input, group=None, async_op=False):
+        output.copy_(torch.cat(group.exchange(input.clone()), dim=0))
+        return _Done() if async_op else None
+
+    def reduce_scatter_tensor(self, output, input, op=None, group=None, async_op=False):
+        total = _reduce(group.exchange(input.clone()), self._op(op))
+        output.copy_(torch.chunk(total, group.size, dim=0)[group.rank])
+        return _Done() if async_op else None
+
+    def all_to_all_single(self, output, input, output_split_sizes=None, input_split_sizes=None, group=None,
+                          async_op=False):
+        splits = list(input_split_sizes) if input_split_sizes else [input.shape[0] // group.size] * group.size
+        pieces = group.exchange(list(torch.split(input, splits, dim=0)))
+        output.copy_(torch.cat([pieces[src][group.rank] for src in range(group.size)], dim=0))
+        return _Done() if async_op else None
 
 
 @contextlib.contextmanager
 def simulated_collectives():
-    """Route ``shardwise.tensor.collectives`` through SimGroups (only the validator's thread ranks use
-    it; nothing else may issue collectives meanwhile)."""
-    real = _collectives.funcol
-    _collectives.funcol = _Funcol()
+    """Route ``shardwise.tensor.collectives`` (functional and c10d calls) through SimGroups. Only the
+    validator's thread ranks use it; nothing else may issue collectives meanwhile."""
+    fakes = {"funcol": _Funcol(), "dist": _Dist(getattr(_collectives, "dist", None))}
+    real = {name: getattr(_collectives, name) for name in fakes if hasattr(_collectives, name)}
+    for name in real:
+        setattr(_collectives, name, fakes[name])
     try:
         yield
     finally:
-        _collectives.funcol = real
+        for name, module in real.items():
+            setattr(_collectives, name, module)
 
 
 class _ThreadMesh:

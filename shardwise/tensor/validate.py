@@ -29,7 +29,7 @@ import torch
 
 from . import ops as _ops  # noqa: F401  (registers the rules)
 from ._samples import Plain, Sample, sample_inputs
-from ._simcomm import run_ranks
+from ._simcomm import NotSimulated, run_ranks
 from ._validate_run import (Mismatch, call, compare_output, coords, distribute, flatten, leaves_of,
                             partial_pieces, rebuild, tolerance)
 from ._validation_report import Failure, OpReport, ValidationReport
@@ -243,7 +243,7 @@ def _run_case(op, entry, sample: Sample, case: _Case, metas, checks, expected, m
             spec = specs[o] if o < len(specs) else None
             worst = max(worst, compare_output(o, exp, got, spec, mesh_shape, sample.undefined, tol))
         return "ok", worst, ""
-    except NeedsRealRanks as e:
+    except (NeedsRealRanks, NotSimulated) as e:
         return "real", float("nan"), str(e)
     except Mismatch as e:
         return "fail", e.err, str(e)
