@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.ops import aten
 
-from shardwise.tensor._simcomm import run_ranks
+from shardwise.tensor._simcomm import _Dist, run_ranks
 from shardwise.tensor.collectives import all_gather_dim, all_reduce, all_to_all_dims, reduce_scatter_dim
 from shardwise.tensor.placements import Partial, Replicate, Shard
 from shardwise.tensor.propagation.propagator import Decision
@@ -95,6 +95,28 @@ def test_simulated_collectives_match_their_definitions():
         assert torch.equal(scattered, torch.chunk(full * 6, 3, dim=0)[rank])
         assert torch.equal(swapped, torch.chunk(full, 3, dim=0)[rank])
         assert avg.item() == 1
+
+
+def test_simulated_c10d_collectives_match_their_definitions():
+    d = _Dist(torch.distributed)
+    full = torch.arange(12.0).reshape(6, 2)
+
+    def kernel(rank, mesh):
+        g, mine = mesh.get_group(0), full[2 * rank:2 * rank + 2]
+        red = mine.clone()
+        d.all_reduce(red, torch.distributed.ReduceOp.MAX, group=g)
+        gathered = torch.empty(6, 2)
+        d.all_gather_into_tensor(gathered, mine, group=g)
+        scattered = torch.empty(2, 2)
+        d.reduce_scatter_tensor(scattered, full * (rank + 1), group=g)
+        swapped = torch.empty(6, 2)
+        d.all_to_all_single(swapped, full + 100 * rank, group=g)
+        return red, gathered, scattered, swapped
+
+    for rank, (red, gathered, scattered, swapped) in enumerate(run_ranks(3, kernel)):
+        assert torch.equal(red, full[4:6]) and torch.equal(gathered, full)
+        assert torch.equal(scattered, full[2 * rank:2 * rank + 2] * 6)
+        assert torch.equal(swapped, torch.cat([full[2 * rank:2 * rank + 2] + 100 * src for src in range(3)]))
 
 
 def test_a_failing_simulated_rank_does_not_hang():
