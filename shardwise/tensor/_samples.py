@@ -2,7 +2,8 @@
 
 Shapes mix sizes not divisible by the mesh sizes 2..4 and sizes smaller than them, so shards come out
 uneven or empty. Comparison ops get integer-valued floats (so ties occur), ops with a restricted
-domain (log, sqrt, division) get positive values.
+domain (log, sqrt, division) get positive values. A newly registered op needs a builder here
+(``@_on(op)`` returning ``[S(...)]``): tests/tensor/test_validate.py fails for ops without samples.
 
 >>> from torch.ops import aten
 >>> [s.label for s in sample_inputs(aten.mm.default)]
