@@ -401,8 +401,7 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
     groups = _rebuild_groups(module, plan, affected)
     rebuilt = [g for g in groups if g.sharding_type in affected]
     stats.bytes_local = _fill(module, rebuilt, set(moved), pieces, kinds, old_index, recv)
-    if kinds[1:]:
-        _set_steps(rebuilt, steps)
+    _set_steps(rebuilt, steps)
     # the one place routing state changes: groups carry routing, stores and stages together
     module._groups = groups
     if hasattr(module, "_reset_load_stats"):
