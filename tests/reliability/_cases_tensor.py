@@ -12,6 +12,8 @@ import torch.nn.functional as F
 from shardwise.tensor import DTensor, MaskPartial, Partial, Replicate, Shard, distribute_tensor
 from shardwise.testing import worker_mesh
 
+from ._runner import short_timeout_mesh
+
 
 def _mesh(world):
     return worker_mesh((world,))
@@ -140,9 +142,10 @@ def redist_other_mesh(rank, world):
 
 
 def redist_targets_differ_one_rank(rank, world):
-    m = _module(world)
+    mesh = short_timeout_mesh()
+    w = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Shard(0)])
     pl = [Shard(1)] if rank == world - 1 else [Replicate()]
-    return lambda: m.weight.redistribute(_mesh(world), pl), m
+    return lambda: w.redistribute(mesh, pl).full_tensor(), w
 
 
 # ---- ops: mismatched operands, embedding lookups ------------------------------------------------

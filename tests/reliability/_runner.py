@@ -71,10 +71,15 @@ def run_case(rank: int, world: int, module: str, name: str) -> dict:
     mro = []
     try:
         call()
-    except Exception as e:   # the point: every rank reports its exception instead of dying
+    except (Exception, BaseException) as e:   # DCP raises CheckpointException, a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
         kind, msg, mro = type(e).__name__, str(e), [c.__name__ for c in type(e).__mro__]
-    return {"rank": rank, "kind": kind, "msg": msg, "mro": mro, "unchanged": digest(state) == before,
-            "pid": os.getpid()}
+    try:
+        after = digest(state)
+    except Exception as e:   # state that needs a collective to read, after a group timed out
+        after = f"unreadable: {e}"
+    return {"rank": rank, "kind": kind, "msg": msg, "mro": mro, "unchanged": after == before, "pid": os.getpid()}
 
 
 def check_rows(results: list, exc: type, fragment: str) -> None:
@@ -87,3 +92,20 @@ def check_rows(results: list, exc: type, fragment: str) -> None:
     assert fragment.lower() in msg.lower(), f"{fragment!r} not in {msg!r}"
     changed = [r["rank"] for r in results if not r["unchanged"]]
     assert not changed, f"state changed on ranks {changed} although the call raised: {msg}"
+
+
+def short_timeout_mesh(seconds: float = 3.0):
+    """A 1-D mesh over every rank whose gloo group gives up after ``seconds``.
+
+    A rank left waiting in a collective then fails with gloo's timeout error instead of blocking the
+    worker until the harness kills the pool, so a hang is reported (and costs seconds) like any
+    other disagreement between ranks. Collective: every rank must call it in the same order.
+    """
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+
+    group = dist.new_group(list(range(dist.get_world_size())), timeout=timedelta(seconds=seconds),
+                           backend="gloo")
+    return DeviceMesh.from_group(group, "cpu")

@@ -1,0 +1,224 @@
+"""Bad inputs for sharded embedding bags, built on every rank (see ``_runner.run_case``).
+
+``_one_rank`` cases give only the last rank the bad input (its own batch, its own plan): every rank
+must still fail, the shards and the fused optimizer state must be untouched.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from shardwise.embedding import (
+    EmbeddingBagCollection, EmbeddingBagConfig, RowWiseAdagrad, column_wise, data_parallel, row_wise, shard,
+    table_wise,
+)
+from shardwise.sparse import KeyedJaggedTensor
+
+from ._runner import short_timeout_mesh
+
+_ADAGRAD = functools.partial(torch.optim.Adagrad, lr=0.1)
+
+
+def _ebc(weighted=False):
+    torch.manual_seed(0)
+    return EmbeddingBagCollection([
+        EmbeddingBagConfig("ta", 10, 4, ["fa"]),
+        EmbeddingBagConfig("tb", 7, 4, ["fb"], pooling="mean"),
+    ], is_weighted=weighted)
+
+
+def _plan():
+    return {"ta": row_wise(), "tb": table_wise(1)}
+
+
+def _sharded(plan=None, weighted=False, mesh=None):
+    return shard(_ebc(weighted), plan or _plan(), mesh=mesh, optimizer=_ADAGRAD)
+
+
+def _kjt(values=(1, 2, 9, 3, 6), keys=("fa", "fb"), weights=None):
+    values = torch.tensor(values)
+    return KeyedJaggedTensor(list(keys), values, lengths=torch.tensor([1, 2, 1, 1]), weights=weights)
+
+
+def _train_one_step(s):
+    # one good step first, so the optimizer state is not all zeros and a corruption would show
+    s(_kjt()).values().sum().backward()
+
+
+def _state(s):
+    return [s, s.fused_optimizer]
+
+
+# ---- shard() -----------------------------------------------------------------------------------
+def shard_not_an_ebc(rank, world):
+    return lambda: shard(torch.nn.Linear(2, 2), _plan()), []
+
+
+def shard_plan_missing_table(rank, world):
+    return lambda: shard(_ebc(), {"ta": row_wise()}), []
+
+
+def shard_plan_entry_wrong_type(rank, world):
+    return lambda: shard(_ebc(), {"ta": row_wise(), "tb": "table_wise"}), []
+
+
+def shard_rank_outside_world(rank, world):
+    return lambda: shard(_ebc(), {"ta": row_wise(), "tb": table_wise(world)}), []
+
+
+def shard_column_ranks_outside_world(rank, world):
+    return lambda: shard(_ebc(), {"ta": column_wise([0, world]), "tb": table_wise(0)}), []
+
+
+def shard_unsupported_optimizer(rank, world):
+    return lambda: shard(_ebc(), _plan(), optimizer=torch.optim.RMSprop), []
+
+
+def shard_sgd_momentum(rank, world):
+    return lambda: shard(_ebc(), _plan(), optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)), []
+
+
+def shard_rowwise_adagrad_on_columns(rank, world):
+    return lambda: shard(_ebc(), {"ta": column_wise([0, 1]), "tb": table_wise(0)}, optimizer=RowWiseAdagrad), []
+
+
+def shard_plan_differs_one_rank(rank, world):
+    plan = {"ta": row_wise(), "tb": table_wise(1 if rank == world - 1 else 0)}
+    mesh = short_timeout_mesh()
+    return lambda: shard(_ebc(), plan, mesh=mesh)(_kjt()).values().sum().backward(), []
+
+
+def shard_tables_differ_one_rank(rank, world):
+    rows = 11 if rank == world - 1 else 10
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig("ta", rows, 4, ["fa"]), EmbeddingBagConfig("tb", 7, 4, ["fb"])])
+    mesh = short_timeout_mesh()
+    return lambda: shard(ebc, _plan(), mesh=mesh)(_kjt()).values().sum().backward(), []
+
+
+# ---- forward on this rank's batch ----------------------------------------------------------------
+def forward_unknown_feature(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    return lambda: s(_kjt(keys=("fa", "fz"))), _state(s)
+
+
+def forward_not_a_kjt(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    return lambda: s(torch.tensor([1, 2])), _state(s)
+
+
+def forward_unknown_feature_one_rank(rank, world):
+    s = _sharded(mesh=short_timeout_mesh())
+    _train_one_step(s)
+    keys = ("fa", "fz") if rank == world - 1 else ("fa", "fb")
+    return lambda: s(_kjt(keys=keys)), _state(s)
+
+
+def forward_missing_weights_one_rank(rank, world):
+    s = _sharded(weighted=True, mesh=short_timeout_mesh())
+    s(_kjt(weights=torch.ones(5))).values().sum().backward()
+    weights = None if rank == world - 1 else torch.ones(5)
+    return lambda: s(_kjt(weights=weights)), _state(s)
+
+
+def forward_id_too_large_one_rank(rank, world):
+    s = _sharded(mesh=short_timeout_mesh())
+    _train_one_step(s)
+    values = (1, 2, 10, 3, 6) if rank == world - 1 else (1, 2, 9, 3, 6)
+    return lambda: s(_kjt(values)).values().sum().backward(), _state(s)
+
+
+def forward_negative_id_one_rank(rank, world):
+    s = _sharded(mesh=short_timeout_mesh())
+    _train_one_step(s)
+    values = (1, -2, 9, 3, 6) if rank == world - 1 else (1, 2, 9, 3, 6)
+    return lambda: s(_kjt(values)).values().sum().backward(), _state(s)
+
+
+# ---- state dicts and checkpoints ---------------------------------------------------------------
+def load_missing_key(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    sd = {k: v for k, v in s.state_dict().items() if "tb" not in k}
+    return lambda: s.load_state_dict(sd), _state(s)
+
+
+def load_wrong_shape_second_table(rank, world):
+    # the first table is fine, the second has the wrong shape: nothing may be copied before raising
+    s = _sharded()
+    _train_one_step(s)
+    sd = {"embedding_bags.ta.weight": torch.zeros(10, 4), "embedding_bags.tb.weight": torch.zeros(8, 4)}
+    return lambda: s.load_state_dict(sd), _state(s)
+
+
+def optim_load_steps_differ(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    sd = s.fused_optimizer.state_dict()
+    sd["state"]["embedding_bags.ta.weight"]["sum"] = torch.ones(10, 4)
+    sd["state"]["embedding_bags.tb.weight"]["step"] = torch.tensor(5.0)
+    return lambda: s.fused_optimizer.load_state_dict(sd), _state(s)
+
+
+def dcp_load_into_other_tables(rank, world):
+    # a checkpoint of another model: loading must fail and leave both the module and the files alone
+    s = _sharded()
+    _train_one_step(s)
+    root = [tempfile.mkdtemp(prefix="rel-ckpt-")] if rank == 0 else [None]
+    dist.broadcast_object_list(root)
+    path = Path(root[0])
+    dcp.save({"model": s.state_dict()}, checkpoint_id=str(path))
+    torch.manual_seed(0)
+    other = shard(EmbeddingBagCollection([EmbeddingBagConfig("ta", 12, 4, ["fa"]),
+                                          EmbeddingBagConfig("tb", 7, 4, ["fb"])]), _plan(), optimizer=_ADAGRAD)
+    _train_one_step(other)
+
+    def call():
+        target = {"model": other.state_dict()}
+        dcp.load(target, checkpoint_id=str(path))
+        other.load_state_dict(target["model"])
+    return call, [other, other.fused_optimizer, path]
+
+
+# ---- sparse constructors: pure, no ranks ---------------------------------------------------------
+def kjt_bad_values():
+    """(call, exception, fragment) for KeyedJaggedTensor / JaggedTensor inputs."""
+    from shardwise.sparse import JaggedTensor
+
+    v = torch.tensor([1, 2, 3])
+    return [
+        (lambda: KeyedJaggedTensor(["a", "b"], v, lengths=torch.tensor([1, 1, 0, 0])), ValueError,
+         "lengths sum to 2 but there are 3 values"),
+        (lambda: KeyedJaggedTensor(["a", "b"], v, lengths=torch.tensor([2, -1, 1, 1])), ValueError,
+         "lengths must be >= 0"),
+        (lambda: KeyedJaggedTensor(["a", "b"], v, lengths=torch.tensor([1.0, 1.0, 1.0, 0.0])), TypeError,
+         "integer dtype"),
+        (lambda: KeyedJaggedTensor(["a", "b"], v, lengths=torch.tensor([1, 1, 1])), ValueError,
+         "cannot be split evenly over 2 keys"),
+        (lambda: KeyedJaggedTensor(["a", "a"], v, lengths=torch.tensor([1, 1, 1, 0])), ValueError,
+         "keys must be unique"),
+        (lambda: KeyedJaggedTensor(["a", 3], v, lengths=torch.tensor([1, 1, 1, 0])), TypeError,
+         "keys must be strings"),
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]), weights=torch.ones(2)), ValueError,
+         "weights must have one entry per value"),
+        (lambda: KeyedJaggedTensor(["a"], v.view(3, 1), lengths=torch.tensor([3])), (TypeError, ValueError),
+         "1-D"),
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]), stride=2), ValueError, "stride=2"),
+        (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([0, 2, 1, 3])), ValueError, "non-decreasing"),
+        (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([1, 3])), ValueError, "start with 0"),
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3])).permute([1]), ValueError,
+         "out of range"),
+        (lambda: KeyedJaggedTensor(["a", "b"], v, lengths=torch.tensor([1, 1, 1, 0])).split([1, 2]),
+         ValueError, "summing to the number of"),
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]))["b"], KeyError, "is not in this"),
+        (lambda: JaggedTensor(v, lengths=torch.tensor([2, 2])), ValueError, "lengths sum to 4"),
+        (lambda: JaggedTensor(v), ValueError, "pass lengths or offsets"),
+    ]
