@@ -21,13 +21,14 @@ from __future__ import annotations
 from typing import Callable, Optional, Sequence
 
 import torch
+import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .layout import ParamLayout
 from .modes import ParallelMode, Signature
 from .optim import functional_update, state_names
-from .passes import schedule_waits
+from .passes import bucket_gradients, schedule_waits
 from .state import TrainState
 
 __all__ = ["DTensorExpandMode"]
@@ -43,10 +44,12 @@ class DTensorExpandMode(ParallelMode):
     for a parameter (default: replicated); ``Shard(0)`` needs dim 0 divisible
     by the mesh size.  ``fallback_to_replicate=True`` lets ops without a
     sharding rule in the core run replicated (their inputs are gathered).
+    The gradient redistributions are bucketed like DataParallel's
+    (``bucket_cap_bytes``, 0 = one collective per parameter).
     """
 
     def __init__(self, mesh, input_placements: Sequence[Sequence], param_placements: Optional[Callable] = None,
-                 *, fallback_to_replicate: bool = False):
+                 *, fallback_to_replicate: bool = False, bucket_cap_bytes: int = 4 << 20):
         from shardwise.tensor import Replicate, Shard
 
         if getattr(mesh, "ndim", None) != 1:
@@ -60,6 +63,9 @@ class DTensorExpandMode(ParallelMode):
         self.mesh, self.input_placements = mesh, pls
         self.param_placements = param_placements
         self.fallback_to_replicate = fallback_to_replicate
+        if not isinstance(bucket_cap_bytes, int) or bucket_cap_bytes < 0:
+            raise ValueError(f"bucket_cap_bytes={bucket_cap_bytes!r} must be a non-negative int")
+        self.bucket_cap_bytes = bucket_cap_bytes
         self.world = mesh.size()
 
     def _param_placement(self, fqn: str, p: torch.Tensor):
@@ -125,6 +131,7 @@ class DTensorExpandMode(ParallelMode):
             set_fallback(False)
 
     def transform_and_compile(self, gm, gm_transformation=None):
+        bucket_gradients(gm, self.world, self.bucket_cap_bytes)
         schedule_waits(gm)
         gm.graph.lint()
         gm.recompile()
@@ -156,7 +163,10 @@ def _expand(mode: DTensorExpandMode, joint, state, spec, local_batch, fake_mode)
             box["user_placements"] = [u.placements for u in user]
             user = [u.redistribute(mesh, [Replicate()]).to_local() for u in user]
             grad_of = dict(zip(names, grads))
-            local_grads = [grad_of[f].redistribute(mesh, pl[f]).to_local() for f in updated]
+            local_grads = []
+            for f in updated:  # tagged so the gradient-bucketing pass can merge these collectives
+                with fx_traceback.annotate({"sw_role": "grad_sync", "sw_fqn": f}):
+                    local_grads.append(grad_of[f].redistribute(mesh, pl[f]).to_local())
             st_by = {f: dict(zip(keys[f], s)) for f, s in zip(updated, states)}
             created = _local_update(spec, state, updated, dict(zip(names, storages)), local_grads, st_by, lrs)
             box["created"] = [k for k, _ in created]
@@ -173,8 +183,10 @@ def _expand(mode: DTensorExpandMode, joint, state, spec, local_batch, fake_mode)
     from shardwise.tensor.ops.embedding import embedding_index_check
 
     # the core's id range check reads values (data-dependent): a recorded graph cannot branch on it
-    with embedding_index_check(False):
+    with embedding_index_check(False), fx_traceback.preserve_node_meta():
         gm = make_fx(per_rank, tracing_mode="fake")(*args)
+    for node in gm.graph.nodes:
+        node.meta.update(node.meta.get("custom") or {})
     sig = Signature()
     sig.inputs += [("param", f, None) for f in names]
     sig.inputs += [("buffer", b, None) for b in joint.buffer_names]

@@ -187,7 +187,7 @@ def errors(rank, world):
     return out
 
 
-def expand_vs_single(rank, world, model_name, opt_name, shard_params=False, steps=3, fallback=False):
+def expand_vs_single(rank, world, model_name, opt_name, shard_params=False, steps=3, fallback=False, cap=4 << 20):
     """DTensorExpandMode (batch Shard(0), params Replicate or Shard(0)) vs one process."""
     from shardwise.compile import DTensorExpandMode
     from shardwise.tensor import Replicate, Shard
@@ -199,7 +199,7 @@ def expand_vs_single(rank, world, model_name, opt_name, shard_params=False, step
     rule = (lambda fqn, p: [Shard(0)] if p.dim() == 2 and p.shape[0] % world == 0 else [Replicate()]) \
         if shard_params else None
     mode = DTensorExpandMode(mesh, input_placements=([Shard(0)], [Shard(0)]), param_placements=rule,
-                             fallback_to_replicate=fallback)
+                             fallback_to_replicate=fallback, bucket_cap_bytes=cap)
     step = compile(parallel_mode=mode)(fn)
     diffs = []
     for x, y in batches[:steps]:

@@ -27,3 +27,11 @@ def test_mlp_with_replicate_fallback_for_ops_without_rules():
         res = run_on_ranks(dp_cases.expand_vs_single, 2, "mlp", "adam", False, 3, True)
     for r in res:
         assert all(loss < 1e-5 and d < 1e-5 for loss, d in r["diffs"]), r["diffs"]
+
+
+def test_gradient_bucketing_applies_to_expanded_graphs():
+    per_param, bucketed = (run_on_ranks(dp_cases.expand_vs_single, 2, "block", "adam", False, 2, False, cap)[0]
+                           for cap in (0, 4 << 20))
+    for r in (per_param, bucketed):
+        assert all(loss < 1e-5 and d < 1e-5 for loss, d in r["diffs"]), r["diffs"]
+    assert bucketed["collectives"]["all_reduce"][0] < per_param["collectives"]["all_reduce"][0]

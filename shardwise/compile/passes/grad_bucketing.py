@@ -1,8 +1,8 @@
 """Gradient bucketing: one all-reduce / reduce-scatter per bucket of gradients.
 
 Gradients are taken in the order the backward produces them (graph order,
-identical on every rank) and grouped greedily until a bucket holds at least
-``cap_bytes``.  Each bucket is issued right after its last gradient is
+identical on every rank) and grouped greedily, per collective kind/dtype,
+until a bucket holds at least ``cap_bytes``.  Each bucket is issued right after its last gradient is
 computed, so it overlaps the rest of the backward; its wait and the split
 back into per-parameter gradients sit just before the first use (the
 optimizer).  Sharded gradients are laid out ``(N, chunk)`` before being
@@ -35,18 +35,25 @@ def _source(coll: torch.fx.Node) -> torch.fx.Node:
 
 
 def plan_buckets(colls: list[torch.fx.Node], pos: dict, cap_bytes: int) -> list[list[torch.fx.Node]]:
-    """Group collectives by readiness order; decisions use only sizes and graph order."""
-    colls = sorted(colls, key=lambda c: pos[_source(c)])
+    """Group collectives in readiness order, per (kind, dtype, reduce op, group); a bucket
+    closes once it holds ``cap_bytes``.  Decisions use only sizes and graph order."""
+
+    def key(c):
+        return (str(c.target), str(c.args[0].meta["val"].dtype), str(c.args[1]), str(c.args[-1]))
+
+    open_: dict = {}  # key -> (bucket, bytes) still accepting gradients
     buckets: list[list[torch.fx.Node]] = []
-    size = 0
-    for c in colls:
-        key = (c.target, c.args[0].meta["val"].dtype)
-        if buckets and size < cap_bytes and (buckets[-1][0].target, buckets[-1][0].args[0].meta["val"].dtype) == key:
-            buckets[-1].append(c)
-        else:
-            buckets.append([c])
-            size = 0
+    for c in sorted(colls, key=lambda c: pos[_source(c)]):
+        k = key(c)
+        if k not in open_:
+            open_[k] = ([], 0)
+            buckets.append(open_[k][0])
+        bucket, size = open_[k]
+        bucket.append(c)
         size += tensor_bytes(c.args[0].meta["val"])
+        open_[k] = (bucket, size)
+        if size >= cap_bytes:
+            del open_[k]
     return buckets
 
 
@@ -91,20 +98,26 @@ def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dic
         if scatter:
             flats = [b.call(ATEN.reshape.default, x, [world, -1]) for x in ins]
             flat = b.call(ATEN.reshape.default, b.call(ATEN.cat.default, flats, 1), [-1])
-            coll = b.call(bucket[0].target, flat, "sum", world, bucket[0].args[3], meta=meta)
+            coll = b.call(bucket[0].target, flat, bucket[0].args[1], world, bucket[0].args[3], meta=meta)
         else:
             flat = b.call(ATEN.cat.default, [b.call(ATEN.reshape.default, x, [-1]) for x in ins])
-            coll = b.call(bucket[0].target, flat, "sum", bucket[0].args[2], meta=meta)
-    divs = [next(iter(w.users)) for w in waits]
-    assert all(d.target is ATEN.div.Tensor for d in divs), divs
+            coll = b.call(bucket[0].target, flat, bucket[0].args[1], bucket[0].args[2], meta=meta)
+    avg = _averaged(waits, world)
+    olds = [next(iter(w.users)) for w in waits] if avg else waits
     with graph.inserting_before(first):
         wait = b.call(C10D.wait_tensor.default, coll, meta=meta)
-        # average once on the fresh flat buffer, in place, instead of per parameter
-        mean = b.call(ATEN.div_.Scalar, wait, world, meta=meta)
-        shapes = [d.meta["val"].shape for d in divs]
-        parts = split_flat(b, mean, [s.numel() for s in shapes], shapes)
-    for d, w, c, new in zip(divs, waits, bucket, parts):
-        new.meta["sw_fqn"] = d.meta.get("sw_fqn")
-        d.replace_all_uses_with(new)
-        for old in (d, w, c):
-            graph.erase_node(old)
+        # DataParallel averages: once on the fresh flat buffer, in place, instead of per parameter
+        out = b.call(ATEN.div_.Scalar, wait, world, meta=meta) if avg else wait
+        shapes = [o.meta["val"].shape for o in olds]
+        parts = split_flat(b, out, [s.numel() for s in shapes], shapes)
+    for o, w, c, new in zip(olds, waits, bucket, parts):
+        new.meta["sw_fqn"] = o.meta.get("sw_fqn") or c.meta.get("sw_fqn")
+        o.replace_all_uses_with(new)
+        for dead in (o, w, c) if avg else (w, c):
+            graph.erase_node(dead)
+
+
+def _averaged(waits: list, world: int) -> bool:
+    """True when every gradient is divided by the world size right after its wait."""
+    users = [list(w.users) for w in waits]
+    return all(len(u) == 1 and u[0].target is ATEN.div.Tensor and u[0].args[1] == world for u in users)
