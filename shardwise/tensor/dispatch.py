@@ -253,21 +253,28 @@ def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
     if not any("Tensor" in str(r.type) for r in op._schema.returns):
         return [None] * len(op._schema.returns)
 
-    def to_meta(x):
+    def to_meta(x, plain=True):
         if isinstance(x, cls):
             s = x._spec
             return torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta")
         if isinstance(x, torch.Tensor):
-            return x.to("meta")
+            return x.to("meta") if plain else x
         if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
-            return [to_meta(y) for y in x]
+            return [to_meta(y, plain) for y in x]
         return x
 
     margs = [to_meta(a) for a in args]
     mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
     if "device" in mkwargs:
         mkwargs["device"] = torch.device("meta")
-    out = op(*margs, **mkwargs)
+    try:
+        out = op(*margs, **mkwargs)
+    except (RuntimeError, NotImplementedError):
+        # some ops read a small plain tensor's values on the host (foreach `scalars`): keep plain
+        # tensors real and only make the distributed ones meta
+        margs = [to_meta(a, plain=False) for a in args]
+        mkwargs = {k: to_meta(v, plain=False) for k, v in kwargs.items()}
+        out = op(*margs, **mkwargs)
     if op_mutates_first_arg(op) and len(op._schema.returns) <= 1:
         out = margs[0] if not isinstance(margs[0], list) else margs[0]
     if isinstance(out, torch.Tensor):

@@ -25,11 +25,7 @@ ALLOWED_WITHOUT_SAMPLES: set = set()
 
 # Ops whose samples fail for a reason outside the rules. Each must still fail (so the entry is removed
 # when the cause is fixed).
-KNOWN_FAILURES = {
-    # dispatch._meta_outputs moves the CPU `scalars` tensor to meta, and the meta kernel rejects it
-    "aten._foreach_addcmul.Tensor": "Expected scalars to be on CPU",
-    "aten._foreach_addcdiv.Tensor": "Expected scalars to be on CPU",
-}
+KNOWN_FAILURES: dict = {}
 
 
 _CPU_SECONDS = {}
@@ -138,11 +134,7 @@ _MESH_2D_OPS = [
     aten.squeeze.dim, aten.expand.default, aten._softmax.default, aten.native_layer_norm.default,
     aten.nll_loss_forward.default, aten._foreach_mul_.List, aten.linalg_vector_norm.default, aten.embedding.default,
 ]
-KNOWN_FAILURES_2D = {
-    # rowwise_lookup (embedding.py) fails on a row block with zero columns (weight [S(1), S(0)] on 3x2):
-    # reported to the embedding author
-    "aten.embedding.default": "index_size",
-}
+KNOWN_FAILURES_2D: dict = {}
 
 
 def test_rules_compose_over_2d_meshes():

@@ -100,7 +100,7 @@ def rowwise_lookup(weight: torch.Tensor, ids: torch.Tensor, offset: int) -> torc
     tensor([0., 1., 1.])
     """
     rows, dim = weight.shape
-    if rows == 0:
+    if rows == 0 or dim == 0:  # an empty row block, or an empty column block of a 2-D-sharded table
         return weight.new_zeros((*ids.shape, dim))
     local = (ids - offset) if offset else ids
     owned = (local >= 0) & (local < rows)
