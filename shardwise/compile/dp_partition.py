@@ -157,8 +157,9 @@ class _DPBuilder:
         return b.call(ATEN.div.Tensor, red, self.world, meta=meta)
 
     # -- optimizer -----------------------------------------------------------------------------
-    def inline_optimizer(self, grads: dict[str, torch.fx.Node]) -> tuple[list, list]:
-        fqns = self.updated()
+    def inline_optimizer(self, grads: dict[str, torch.fx.Node], order: list[str]) -> tuple[list, list]:
+        """Inline the optimizer, updating parameters in ``order`` (gradient readiness)."""
+        fqns = order
         st, spec = self.state, self.spec
         names = {f: sorted(self.state_ph[f]) for f in fqns}
 
@@ -228,7 +229,11 @@ def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, l
     user, grads = outs[: joint.n_user_out], outs[joint.n_user_out:]
     grad_of = dict(zip(joint.param_names, grads))
     synced = {f: d.sync_grad(f, grad_of[f]) for f in d.updated()}
-    new_params, new_states = d.inline_optimizer(synced)
+    # update parameters in the order their gradients are ready (the backward's order), so the
+    # optimizer starts on the first synced bucket while later buckets are still in flight
+    pos = {n: i for i, n in enumerate(d.graph.nodes)}
+    order = sorted(d.updated(), key=lambda f: pos[grad_of[f]])
+    new_params, new_states = d.inline_optimizer(synced, order)
     # Write results into the storage right where they are computed: the
     # DTensors in the model/optimizer view that storage, and each temporary
     # dies immediately instead of all new state being alive at the end.

@@ -87,7 +87,10 @@ def _hoist_single(coll: torch.fx.Node, after: torch.fx.Node) -> None:
 def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dict) -> None:
     graph = b.graph
     waits = [next(iter(c.users)) for c in bucket]
-    first = min((u for w in waits for u in w.users), key=pos.__getitem__)
+    avg = _averaged(waits, world)
+    olds = [next(iter(w.users)) for w in waits] if avg else waits
+    # the bucket's wait goes just before the first consumer of any of its gradients
+    first = min((u for o in olds for u in o.users), key=pos.__getitem__)
     meta = {"sw_role": "grad_sync", "sw_kind": "grad", "sw_fqn": None}
     ins = [c.args[0] for c in bucket]
     scatter = bucket[0].target is C10D.reduce_scatter_tensor.default
@@ -102,8 +105,6 @@ def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dic
         else:
             flat = b.call(ATEN.cat.default, [b.call(ATEN.reshape.default, x, [-1]) for x in ins])
             coll = b.call(bucket[0].target, flat, bucket[0].args[1], bucket[0].args[2], meta=meta)
-    avg = _averaged(waits, world)
-    olds = [next(iter(w.users)) for w in waits] if avg else waits
     with graph.inserting_before(first):
         wait = b.call(C10D.wait_tensor.default, coll, meta=meta)
         # DataParallel averages: once on the fresh flat buffer, in place, instead of per parameter
