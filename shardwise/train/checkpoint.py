@@ -23,10 +23,21 @@ from typing import Optional
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest", "read_meta", "fault_point"]
 
 _NAME = re.compile(r"^step_(\d{8})$")
 MARKER = "COMMITTED"
+
+
+def fault_point(kind: str, step: int) -> None:
+    """Fault injection for reliability tests: ``SHARDWISE_TRAIN_FAULT=KIND:STEP`` (``step:N`` = after
+    training step N, ``save:N`` = after writing the step-N files, before the commit) kills the last rank
+    at once, on the first attempt only (an elastic restart then runs clean)."""
+    spec = os.environ.get("SHARDWISE_TRAIN_FAULT")
+    if not spec or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    if spec == f"{kind}:{step}" and dist.is_initialized() and dist.get_rank() == dist.get_world_size() - 1:
+        os._exit(17)   # like a kill: no cleanup, no exception handling
 
 
 def _barrier() -> None:
@@ -41,11 +52,12 @@ def save_checkpoint(directory, step: int, state: dict, meta: dict) -> Path:
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob(".tmp-step_*"):   # left by a run killed mid-save
+        for stale in [*root.glob(".tmp-step_*"), *root.glob(".old-step_*")]:   # left by a run killed mid-save
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     _barrier()
     dcp.save(state, checkpoint_id=str(tmp))
+    fault_point("save", step)
     _barrier()
     if rank == 0:
         (tmp / "meta.json").write_text(json.dumps(meta, sort_keys=True))
@@ -53,9 +65,14 @@ def save_checkpoint(directory, step: int, state: dict, meta: dict) -> Path:
             fh.write(f"{step}\n")
             fh.flush()
             os.fsync(fh.fileno())
-        if final.exists():   # re-saving a step after a restart: the old copy is replaced whole
-            shutil.rmtree(final)
+        old = root / f".old-step_{step:08d}"
+        if final.exists():
+            # re-saving a step after a restart: move the old copy aside in one rename (deleting it in
+            # place could be cut off, leaving a marked folder with files missing)
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     _barrier()
     return final
 

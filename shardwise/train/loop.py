@@ -175,6 +175,7 @@ class Trainer:
                     self.history["auc_step"].append(self.step)
                     self.history["auc"].append(a)
                     self.history["examples_per_s"].append(rate)
+                ckpt.fault_point("step", self.step)
                 progress.update(self.step, loss_g, self.history["auc"][-1] if self.history["auc"] else None, rate)
                 if cfg.checkpoint_every and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
                     self.elapsed_now = self.elapsed + time.perf_counter() - t0

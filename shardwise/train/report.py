@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from rich.table import Table
@@ -70,7 +71,8 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
     k = max(1, len(h["loss"]) // 10)
     windows = [{**w, "imbalance": _imbalance(w["per_rank"])} for w in tr.load_windows]
     out = {
-        "world_size": tr.world, "steps": tr.step, "batch_size_per_rank": cfg.batch_size,
+        "world_size": tr.world, "steps": tr.step,
+        "elastic_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "batch_size_per_rank": cfg.batch_size,
         "dense_parallel": cfg.dense_parallel, "data": cfg.data or f"synthetic(seed={cfg.seed})",
         "loss": {"step": h["step"], "value": h["loss"],
                  "first": sum(h["loss"][:k]) / k, "last": sum(h["loss"][-k:]) / k},
@@ -108,7 +110,8 @@ def write_report(out, metrics: dict, tr) -> None:
     (folder / "plan.md").write_text(md)
     _plot_loss(folder / "loss.png", metrics)
     _plot_load(folder / "load.png", metrics)
-    _print_summary(metrics, folder)
+    if not tr.cfg.quiet:
+        _print_summary(metrics, folder)
 
 
 def _plot_loss(path: Path, m: dict) -> None:

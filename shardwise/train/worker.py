@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from datetime import timedelta
 from typing import Optional
 
 import torch
@@ -58,7 +59,17 @@ def _init_process_group():
     if use_cuda:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        backend = "nccl" if use_cuda else "gloo"
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # After an elastic restart the agent's store still holds the dead group's addresses under
+            # the default keys, and the new group would dial them forever: give each attempt its prefix.
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                  timeout=timedelta(minutes=10))
+            dist.init_process_group(backend, store=dist.PrefixStore(f"shardwise/attempt{restart}", store),
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        else:
+            dist.init_process_group(backend)
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     return init_device_mesh(device_type, (dist.get_world_size(),))
 

@@ -129,3 +129,16 @@ def test_resume_on_another_world_size(run_a, tmp_path):
     # the tables moved onto one rank and kept what they learned: no jump back to the untrained loss
     assert max(mc["loss"]["value"][24:]) < m["loss"]["first"] - 0.02
     assert "resumed on 1 ranks" in mc["reshard"]["note"]
+
+
+def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monkeypatch):
+    _, m = run_a
+    # the last rank dies after writing its step-12 files, before the commit; the elastic launcher
+    # restarts the group, which resumes from step 6 (the cut-off save must not count)
+    monkeypatch.setenv("SHARDWISE_TRAIN_FAULT", "save:12")
+    d = tmp_path / "d"
+    md = _train(d, "--steps", "18", "--batch-size", "128", "--checkpoint-every", "6", "--reshard-at", "12",
+                "--max-restarts", "1")
+    assert md["elastic_restarts"] == 1 and m["elastic_restarts"] == 0
+    np.testing.assert_allclose(md["loss"]["value"], m["loss"]["value"][:18], rtol=0, atol=1e-5)
+    assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000006", "step_00000012", "step_00000018"]
