@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from ..sparse import KeyedJaggedTensor, KeyedTensor
@@ -55,6 +56,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
     ``forward(kjt)`` takes this rank's local batch and returns what the unsharded module returns
     for it. Training: call ``backward`` on the loss; the fused optimizer updates the local shards
     during backward (there is no separate ``step``).
+
+    Example:
+        >>> sharded = shard(ebc, {"t0": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))  # doctest: +SKIP
+        >>> kt = sharded(local_kjt); loss_fn(kt.values()).backward()                                   # doctest: +SKIP
+        >>> sharded.state_dict()["embedding_bags.t0.weight"].full_tensor().shape                        # doctest: +SKIP
     """
 
     def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None,
@@ -70,6 +76,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             cols[f], start = start, start + d
         self._total_dim = start
         self._mean_mask = [t.pooling == "mean" for t in self._tables for _ in t.feature_names]
+        self._rows = {f: t.num_embeddings for t in self._tables for f in t.feature_names}
         rule, hp = resolve_optimizer(optimizer) if optimizer is not None else (None, None)
         self._compile = bool(compile_optimizer)
         self._check_rule(rule, plan)
@@ -106,18 +113,26 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def tables(self):
         return list(self._tables)
 
+    @property
+    def optimizer(self) -> FusedOptimizer:
+        """The fused optimizer (``state_dict()`` / ``load_state_dict()``); same as ``fused_optimizer``."""
+        return self.fused_optimizer
+
     def boxes(self) -> list[ShardBox]:
         """Every shard of every table (all ranks), the single source of the routing."""
         return [b for g in self._groups for b in g.spec.boxes]
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
-        check_features(kjt, self._features, self._is_weighted)
-        kjt = kjt.to(self._topo.device) if kjt.values().device != self._topo.device else kjt
-        batch, topo = kjt.stride(), self._topo
-        if any(not g.replicated for g in self._groups):
-            sizes = [row[0] for row in all_gather_ints([batch], topo.world_size, topo.group, topo.device)]
-        else:
-            sizes = [batch if r == topo.rank else 0 for r in range(topo.world_size)]
+        topo = self._topo
+        problem = self._check_batch(kjt)
+        batch = kjt.stride() if problem is None else 0
+        # One small all-gather carries batch sizes and "my batch is bad" flags, so a bad batch on
+        # one rank makes every rank raise the same error instead of leaving the others hanging.
+        rows = all_gather_ints([batch, int(problem is not None)], topo.world_size, topo.group, topo.device)
+        if any(flag for _, flag in rows):
+            self._raise_everywhere(problem, [r for r, (_, flag) in enumerate(rows) if flag])
+        kjt = kjt.to(topo.device) if kjt.values().device != topo.device else kjt
+        sizes = [b for b, _ in rows]
         blocks: dict = {}
         for g in self._groups:
             routed = g.stages.input_dist(kjt, sizes)
@@ -127,6 +142,33 @@ class ShardedEmbeddingBagCollection(nn.Module):
         pieces = [self._assemble(f, blocks.get(f, []), batch, kjt if mean else None)
                   for f, mean in zip(self._features, self._mean_mask)]
         return KeyedTensor(self._features, self._dims, torch.cat(pieces, dim=1))
+
+    def _check_batch(self, kjt) -> Optional[str]:
+        """This rank's problem with its batch (None if fine): type, features, weights, id range."""
+        try:
+            check_features(kjt, self._features, self._is_weighted)
+        except (ValueError, TypeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        keys, per_key = kjt.keys(), kjt.length_per_key()
+        if not keys or kjt.values().numel() == 0:
+            return None
+        limit = torch.tensor([self._rows[k] for k in keys], device=kjt.values().device)
+        limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device),
+                                        output_size=kjt.values().numel())
+        bad = (kjt.values() < 0) | (kjt.values() >= limit)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            key = keys[next(k for k, end in enumerate(kjt.offset_per_key()[1:]) if i < end)]
+            return (f"ValueError: id {int(kjt.values()[i])} of feature {key!r} is outside its table's rows "
+                    f"[0, {self._rows[key]}); fix the id or enlarge num_embeddings")
+        return None
+
+    def _raise_everywhere(self, problem: Optional[str], bad_ranks: list) -> None:
+        messages = [None] * self._topo.world_size
+        dist.all_gather_object(messages, problem, group=self._topo.group)
+        detail = "; ".join(f"rank {r}: {messages[r]}" for r in bad_ranks)
+        raise ValueError(f"forward: the local batch of rank(s) {bad_ranks} is invalid, so no rank ran the "
+                         f"lookup ({detail})")
 
     def _assemble(self, feature: str, parts: list, batch: int, mean_kjt) -> torch.Tensor:
         """One feature's [batch, dim] output: add row-block partials, place column blocks."""

@@ -37,9 +37,10 @@ class Routed:
 class InputDist:
     """Route a local KJT's ids to the ranks holding their shards (``exchange=False``: keep them local)."""
 
-    def __init__(self, routing: Routing, topo: Topology, weighted: bool, exchange: bool = True):
+    def __init__(self, routing: Routing, topo: Topology, weighted: bool, exchange: bool = True,
+                 dtype: torch.dtype = torch.float32):
         self.routing, self.topo, self.weighted, self.exchange = routing, topo, weighted, exchange
-        self.weight_dtype = torch.float32  # weights of ranks whose batch lacks every feature of the group
+        self.weight_dtype = dtype   # per-sample weights must match the tables' dtype in embedding_bag
         self.slot_unit, self.slot_shift, self.slots_per_dest = routing.slot_tensors(topo.device)
         self.unit_start = torch.tensor(routing.unit_start, dtype=torch.int64, device=topo.device)
         self.slot_dest = torch.repeat_interleave(
@@ -68,7 +69,8 @@ class InputDist:
         weights = None
         if self.weighted:
             # Always a tensor when weighted: the weights all-to-all must run on every rank.
-            weights = torch.cat(wts).to(dev) if wts else torch.zeros(0, dtype=self.weight_dtype, device=dev)
+            weights = torch.cat(wts).to(dev, self.weight_dtype) if wts else \
+                torch.zeros(0, dtype=self.weight_dtype, device=dev)
         return values, torch.cat(lens).to(dev), weights, counts
 
     def _units(self, values, lengths, weights, counts, batch):

@@ -74,3 +74,12 @@ def test_compiled_optimizer_kernels():
         assert len(errors) == len(cases)
         for key, (err, moved) in errors.items():
             assert moved > 1e-3 and err < 1e-5, f"rank {rank} {key}: error {err}, moved {moved}"
+
+
+def test_bad_batch_on_one_rank_raises_on_every_rank():
+    results = run_on_ranks(workers.forward_errors, 2)
+    (msgs0, err0), (msgs1, err1) = results
+    assert msgs0 == msgs1, "ranks must raise identical errors"
+    assert "rank(s) [1]" in msgs0[0] and "features ['nope'] are not looked up" in msgs0[0]
+    assert "rank(s) [0]" in msgs0[1] and "id 7 of feature 'fb' is outside its table's rows [0, 7)" in msgs0[1]
+    assert err0 < 1e-6 and err1 < 1e-6

@@ -103,7 +103,7 @@ def state_round_trip(rank, world, ckpt_dir):
         full = {k: v.full_tensor() for k, v in sd.items()}
         b = shard(common.make_ebc(seed=5), plan, mesh=mesh, optimizer=common.ADAGRAD)
         b.load_state_dict(sd)
-        b.fused_optimizer.load_state_dict(osd)
+        b.optimizer.load_state_dict(osd)   # the alias of fused_optimizer
         errs[(name, "same plan")] = _max_diff(full, b.state_dict())
         other = shard(common.make_ebc(seed=6), common.plans(world)["mixed2"], mesh=mesh)
         other.load_state_dict(sd)
@@ -188,3 +188,23 @@ def planner_plan_runs(rank, world):
     kjt = common.rank_batches(world, 0, False)[rank]
     err = (sharded(kjt).values() - ebc(kjt).values()).abs().max().item()
     return est.memory[rank], real, err
+
+
+def forward_errors(rank, world):
+    """A bad batch on one rank makes every rank raise the same ValueError; the module still works."""
+    from shardwise.sparse import KeyedJaggedTensor
+
+    ebc = common.make_ebc(seed=0)
+    sharded = shard(ebc, common.plans(world)["mixed"], mesh=mesh_for(world, 1))
+    good = common.rank_batches(world, 0, False)[rank]
+    unknown = KeyedJaggedTensor(["nope"], torch.tensor([1]), lengths=torch.tensor([1]))
+    out_of_range = KeyedJaggedTensor(["fb"], torch.tensor([0, 7]), lengths=torch.tensor([2]))
+    messages = []
+    for bad_rank, bad in ((1, unknown), (0, out_of_range)):
+        try:
+            sharded(bad if rank == bad_rank else good)
+            messages.append(None)
+        except ValueError as exc:
+            messages.append(str(exc))
+    err = (sharded(good).values() - ebc(good).values()).abs().max().item()
+    return messages, err

@@ -20,7 +20,7 @@ def layout(table, ps, topo) -> list[ShardBox]:
 
 
 def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted), GroupedLookup(store, anchor),
+    return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
                   AllToAllOutputDist(routing, topo, anchor, dtype))
 
 

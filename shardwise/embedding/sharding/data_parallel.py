@@ -14,7 +14,8 @@ def layout(table, ps, topo) -> list[ShardBox]:
 
 
 def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted, exchange=False), GroupedLookup(store, anchor),
+    return Stages(InputDist(routing, topo, weighted, exchange=False, dtype=dtype),
+                  GroupedLookup(store, anchor),
                   LocalOutputDist(routing, topo, anchor, dtype))
 
 

@@ -15,7 +15,7 @@ def layout(table, ps, topo):
 
 
 def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted), GroupedLookup(store, anchor),
+    return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
                   ReduceScatterOutputDist(routing, topo, anchor, dtype))
 
 

@@ -68,7 +68,7 @@ class TwoLevelOutputDist(AllToAllOutputDist):
 
 
 def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted), GroupedLookup(store, anchor),
+    return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
                   TwoLevelOutputDist(routing, topo, anchor, dtype))
 
 
