@@ -23,7 +23,7 @@ from .dense import make_dense_runner
 from .load import LoadMeter
 from .model import DenseArch, auc, make_ebc, make_tables
 from .progress import Progress
-from .reshard import live_reshard
+from .reshard import counter_restore, counter_snapshot, live_reshard
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 
@@ -100,6 +100,7 @@ class Trainer:
         self.meter = LoadMeter(self.sparse.boxes(), self.plan, self.rank, self.world, self.device)
         if meta is not None and meta["world"] == self.world and meta.get("load"):
             self.meter.restore(meta["load"])
+            counter_restore(self.sparse, meta.get("lookup_counter"))
 
     def _state(self, template: bool = False) -> dict:
         dense = self.dense.state()
@@ -191,7 +192,7 @@ class Trainer:
         max_bytes = int(self.cfg.memory_per_rank_mb * 2**20)
         res = live_reshard(self.sparse, self.plan, self.meter.per_table(totals), max_bytes)
         self.reshard_info = {"status": res.status, "at_step": self.step, "reason": res.reason,
-                             "changes": plan_to_json(res.changes), "load_before": before}
+                             "changes": plan_to_json(res.changes), "load_before": before, "stats": res.stats}
         if res.status == "applied":
             self.sparse, self.plan = res.module, res.plan
             self.meter = LoadMeter(self.sparse.boxes(), self.plan, self.rank, self.world, self.device)
@@ -208,7 +209,7 @@ class Trainer:
                 "plan_before": plan_to_json(self.plan_before), "history": self.history,
                 "reshard": self.reshard_info, "load_windows": self.load_windows,
                 "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json(),
-                "load": self.meter.snapshot()}
+                "load": self.meter.snapshot(), "lookup_counter": counter_snapshot(self.sparse)}
         ckpt.save_checkpoint(self.cfg.checkpoint_path, self.step, self._state(), meta)
 
     # ---- the end ----------------------------------------------------------------------------------
@@ -240,9 +241,12 @@ class Trainer:
 
 def _reshard_notice(res, step: int) -> str:
     if res.status == "applied":
-        moved = ", ".join(f"{t} -> {v['type']}" for t, v in plan_to_json(res.changes).items())
-        return f"[bold green]live reshard at step {step}[/]: {moved}"
+        moved = ", ".join(f"{t} -> {v['type']}{'' if v['ranks'] is None else v['ranks']}"
+                          for t, v in plan_to_json(res.changes).items())
+        sent = res.stats.get("bytes_sent")
+        size = f" ({sum(sent) / 2**20:.2f} MiB moved in {res.stats.get('wall_time_s', 0):.2f}s)" if sent else ""
+        return f"[bold green]live reshard at step {step}[/]: {moved}{size}"
     if res.status == "no-change":
         return f"[yellow]reshard check at step {step}: measured load is balanced; plan kept[/]"
-    return f"[bold red]reshard at step {step} skipped:[/] {res.reason}"
+    return f"[bold red]reshard at step {step} {'failed' if res.status == 'failed' else 'skipped'}:[/] {res.reason}"
 

@@ -129,7 +129,7 @@ def _plot_loss(path: Path, m: dict) -> None:
         ax2.plot(*zip(*pts), color="tab:orange", marker=".", label="train AUC")
     ax2.set_ylabel("AUC")
     rs = m["reshard"]
-    if rs.get("status") in ("applied", "no-change", "unavailable"):
+    if rs.get("status") in ("applied", "no-change", "unavailable", "failed"):
         ax.axvline(rs["at_step"], color="tab:red", ls="--", label=f"reshard ({rs['status']})")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()

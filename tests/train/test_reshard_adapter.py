@@ -49,3 +49,16 @@ def test_applies_the_proposal(monkeypatch, proposal, status):
         assert "reshard" not in calls and res.plan == plan
 
 
+
+
+def test_a_refused_reshard_keeps_training_on_the_old_plan(monkeypatch):
+    def reshard(sharded, changes):
+        raise ValueError("t1 over max_bytes_per_rank")
+
+    monkeypatch.setattr(emb, "propose_rebalance", lambda stats, max_bytes: {"t1": table_wise(0)}, raising=False)
+    monkeypatch.setattr(emb, "reshard", reshard, raising=False)
+    plan = {"t1": row_wise()}
+    mod = _Sharded()
+    res = adapter.live_reshard(mod, plan, {}, max_bytes=1)
+    assert res.status == "failed" and res.module is mod and res.plan == plan
+    assert "max_bytes_per_rank" in res.reason
