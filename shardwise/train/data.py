@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -30,7 +31,9 @@ __all__ = [
 NUM_DENSE, NUM_SPARSE = 13, 26
 DENSE_NAMES = [f"I{i + 1}" for i in range(NUM_DENSE)]
 SPARSE_NAMES = [f"C{i + 1}" for i in range(NUM_SPARSE)]
-_BLOCK = 4096   # synthetic examples are generated in fixed blocks so any slice is reproducible
+_BLOCK = 4096
+_INT = re.compile(r"-?[0-9]+")
+_HEX = re.compile(r"[0-9a-fA-F]+")   # synthetic examples are generated in fixed blocks so any slice is reproducible
 
 
 @dataclass
@@ -135,8 +138,14 @@ class CriteoTSV:
             raise ValueError(f"--data {str(path)!r}: no such file; pass a Criteo-format TSV file "
                              f"(label, 13 ints, 26 hex ids, tab-separated)")
         dense, ids, labels = [], [], []
-        with open(self.path, "r", encoding="utf-8", errors="strict") as fh:
-            for line_no, line in enumerate(fh, start=1):
+        with open(self.path, "rb") as fh:
+            for line_no, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("ascii")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"{self.path.name} line {line_no}: byte {raw[e.start]:#04x} at column "
+                                     f"{e.start + 1} is not text; a Criteo file holds ASCII digits, hex ids "
+                                     f"and tabs only") from None
                 if not line.strip():
                     continue
                 lab, d, c = _parse_line(line, line_no, self.path.name)
@@ -167,20 +176,22 @@ def _parse_line(line: str, line_no: int, name: str):
         raise ValueError(f"{where}, field label: {fields[0]!r} must be 0 or 1")
     dense = []
     for k, text in enumerate(fields[1:1 + NUM_DENSE]):
-        try:
-            dense.append(max(int(text), 0) if text else 0)
-        except ValueError:
+        # a regex, not just int(): int() also takes ' 5', '+5' and '1_000'
+        if text and _INT.fullmatch(text):
+            dense.append(max(int(text), 0))
+        elif not text:
+            dense.append(0)
+        else:
             raise ValueError(f"{where}, field {DENSE_NAMES[k]}: {text!r} is not an integer; "
-                             f"use a decimal integer or leave it empty for missing") from None
+                             f"use a decimal integer or leave it empty for missing")
     ids = []
     for k, text in enumerate(fields[1 + NUM_DENSE:]):
-        try:
-            ids.append(int(text, 16) if text else -1)
-        except ValueError:
-            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is not a hex id; "
-                             f"use hex digits (e.g. 68fd1e64) or leave it empty for missing") from None
-        if ids[-1] < 0 and text:
+        if text.startswith("-") and _HEX.fullmatch(text[1:]):
             raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is negative; ids must be >= 0")
+        if text and not _HEX.fullmatch(text):
+            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is not a hex id; "
+                             f"use hex digits (e.g. 68fd1e64) or leave it empty for missing")
+        ids.append(int(text, 16) if text else -1)
     return int(fields[0]), dense, ids
 
 

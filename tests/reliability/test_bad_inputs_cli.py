@@ -78,8 +78,6 @@ def test_missing_data_file(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
-@pytest.mark.xfail(strict=True, reason="bytes that are not UTF-8 escape as a UnicodeDecodeError naming neither "
-                   "the file nor the line (train owner, shardwise/train/data.py CriteoTSV)")
 def test_binary_garbage_names_the_line(tmp_path, capsys):
     path = tmp_path / "day.tsv"
     path.write_bytes((GOOD + "\n").encode() + b"\xff\xfe\x00garbage\n")
