@@ -22,6 +22,9 @@ from .spec import DTensorSpec, chunk_range, local_shape_and_offset, mesh_coord, 
 __all__ = ["DTensor", "distribute_tensor", "set_fallback", "propagation_cache"]
 
 
+_MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
+
+
 def _grad_placements(placements) -> tuple:
     # a gradient flowing back to a Partial source is the same for every rank: keep it replicated
     return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
@@ -108,9 +111,8 @@ class DTensor(torch.Tensor):
 
     @classmethod
     def _wrap(cls, local: torch.Tensor, spec: DTensorSpec) -> "DTensor":
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, spec.shape, strides=spec.stride, dtype=spec.dtype, device=local.device, requires_grad=False
-        )
+        # positional arguments: keyword parsing in _make_wrapper_subclass is measurable per op
+        r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, torch.strided, local.device)
         r._local_tensor = local
         r._spec = spec
         return r

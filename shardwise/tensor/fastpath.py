@@ -28,28 +28,34 @@ class FastPath:
         cls = self.dispatcher.cls
         # everything below reads tensor attributes, which would re-enter __torch_function__
         with torch._C.DisableTorchFunctionSubclass():
-            if self.enabled and not (torch.is_grad_enabled() and _any_requires_grad(args)):
-                n = len(args)
-                if not kwargs and n <= 2 and all(type(a) is cls for a in args):
-                    # the common shapes (unary and binary ops on DTensors) skip the general walk
-                    key = (func, args[0]._spec, args[1]._spec) if n == 2 else (func, args[0]._spec) if n else None
-                    local_args = [a._local_tensor for a in args]
-                else:
-                    key, local_args = self._key(func, args, kwargs, cls)
-                if key is not None:
-                    plan = self.plans.get(key)
-                    if plan is None:
-                        return self._learn(key, func, args, kwargs)
-                    if plan is not _SLOW:
-                        spec, mode = plan
-                        out = func(*local_args, **kwargs) if kwargs else func(*local_args)
-                        if mode == "wrap":
-                            return cls._wrap(out, spec)
-                        if mode == "self":
-                            return args[0]
-                        if mode == "seq":
-                            return [cls._wrap(o, s) for o, s in zip(out, spec)]
-                        return out
+            if not self.enabled:
+                return func(*args, **kwargs) if kwargs else func(*args)
+            if not kwargs and len(args) == 2:
+                # binary ops on two DTensors: the hottest shape, kept free of generic walks
+                a, b = args
+                if type(a) is cls and type(b) is cls:
+                    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+                        return func(a, b)
+                    plan = self.plans.get((func, a._spec, b._spec))
+                    if plan is not None and plan is not _SLOW and plan[1] == "wrap":
+                        return _wrap(cls, func(a._local_tensor, b._local_tensor), plan[0])
+            if torch.is_grad_enabled() and _any_requires_grad(args):
+                return func(*args, **kwargs) if kwargs else func(*args)
+            key, local_args = self._key(func, args, kwargs, cls)
+            if key is not None:
+                plan = self.plans.get(key)
+                if plan is None:
+                    return self._learn(key, func, args, kwargs)
+                if plan is not _SLOW:
+                    spec, mode = plan
+                    out = func(*local_args, **kwargs) if kwargs else func(*local_args)
+                    if mode == "wrap":
+                        return _wrap(cls, out, spec)
+                    if mode == "self":
+                        return args[0]
+                    if mode == "seq":
+                        return [_wrap(cls, o, s) for o, s in zip(out, spec)]
+                    return out
             return func(*args, **kwargs) if kwargs else func(*args)
 
     def _key(self, func, args, kwargs, cls):
@@ -119,6 +125,18 @@ class FastPath:
             self.plans.pop(next(iter(self.plans)))
         self.plans[hashable_key] = plan
         return out
+
+
+_make = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
+
+
+def _wrap(cls, local: torch.Tensor, spec):
+    # positional arguments: the keyword parsing of _make_wrapper_subclass is measurable here
+    r = _make(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, local.device)
+    r._local_tensor = local
+    r._spec = spec
+    return r
 
 
 def _any_requires_grad(args) -> bool:
