@@ -22,6 +22,7 @@ from .plan import (
     table_wise,
 )
 from .planner import EmbeddingShardingPlanner, PlanEstimate
+from .rebalance import LoadStats, propose_rebalance
 from .reshard import ReshardStats, current_plan, reshard
 from .sharded import ShardedEmbeddingBagCollection, shard
 from .sharded_tensor import ShardedTable
@@ -31,5 +32,5 @@ __all__ = [
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
-    "reshard", "ReshardStats", "current_plan",
+    "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats",
 ]

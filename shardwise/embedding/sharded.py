@@ -16,6 +16,7 @@ from .comm import all_gather_ints
 from .fused_optimizer import FusedOptimizer
 from .optim import resolve_optimizer
 from .plan import ParameterSharding, ShardBox, ShardingType
+from .rebalance import LookupCounter
 from .routing import GroupSpec, Routing
 from .shards import ShardStore
 from .sharding import SHARDERS, Stages
@@ -90,6 +91,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
             if tables:
                 self._groups.append(self._build_group(st, tables, plan, cols, weights, rule, hp))
         self.fused_optimizer = FusedOptimizer(self, rule, hp)
+        # per-table id counts of every forward, for load_stats() / propose_rebalance()
+        self._lookup_counter = LookupCounter(self._tables, topo.device)
+        self.register_forward_pre_hook(self._lookup_counter.hook)
 
     @staticmethod
     def _check_rule(rule, plan) -> None:
@@ -105,7 +109,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         spec = GroupSpec(tables, boxes, cols, self._total_dim)
         routing = Routing(spec, topo.world_size, topo.rank if sharder.local_only else None)
         store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
-                           sync_group=topo.group if sharder.replicated else None, compiled=self._compile)
+                           sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
+                           dtype=self._dtype)
         stages = sharder.build(routing, topo, store, self._anchor, self._is_weighted, self._dtype)
         return _Group(st, spec, routing, store, stages, sharder.replicated)
 
@@ -117,6 +122,32 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def optimizer(self) -> FusedOptimizer:
         """The fused optimizer (``state_dict()`` / ``load_state_dict()``); same as ``fused_optimizer``."""
         return self.fused_optimizer
+
+    def load_stats(self, reset: bool = False):
+        """Collective: ids looked up per table since construction (or the last reshard / reset),
+        summed over ranks, as a :class:`~shardwise.embedding.rebalance.LoadStats` -- per table: ids
+        per step in row buckets and per asking rank, the current boxes and bytes per element. It is
+        the input of :func:`~shardwise.embedding.propose_rebalance`.
+
+        Example:
+            >>> sharded.load_stats().per_rank()          # doctest: +SKIP
+            [5120.0, 1024.0]
+        """
+        from .rebalance import load_stats
+        return load_stats(self, reset)
+
+    def reshard(self, changes: dict, **kwargs):
+        """Collective: move tables to new shardings with all their optimizer state; see
+        :func:`shardwise.embedding.reshard`.
+
+        Example:
+            >>> sharded.reshard({"t0": row_wise()}).bytes_sent   # doctest: +SKIP
+        """
+        from .reshard import reshard
+        return reshard(self, changes, **kwargs)
+
+    def _reset_load_stats(self) -> None:
+        self._lookup_counter.reset()
 
     def boxes(self) -> list[ShardBox]:
         """Every shard of every table (all ranks), the single source of the routing."""
@@ -201,7 +232,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                     if b in g.routing.boxes:
                         local[b] = g.store.box_view(g.routing.boxes.index(b), what)
                     else:
-                        shape = (0,) if per_row else (0, b.col_size)
+                        shape = (b.row_size,) if per_row else (b.row_size, b.col_size)  # one is 0
                         local[b] = torch.zeros(shape, dtype=self._dtype, device=self._topo.device)
                 out.append((t, boxes, local, g.replicated, g))
         order = {t.name: i for i, t in enumerate(self._tables)}

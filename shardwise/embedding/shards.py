@@ -33,19 +33,21 @@ class ShardStore:
     """This rank's shards of a group of tables, with the fused optimizer's state.
 
     ``sync_group`` (data-parallel replicas) sums gradients over ranks before the update.
+    ``full_weights=None`` (with ``dtype``) leaves weights and state uninitialised: a reshard fills
+    every element itself, so a fill pass would only cost memory bandwidth.
     """
 
-    def __init__(self, boxes: Sequence[ShardBox], rank: int, full_weights: dict, device, rule=None,
-                 hp: Optional[dict] = None, sync_group=None, compiled: bool = False):
+    def __init__(self, boxes: Sequence[ShardBox], rank: int, full_weights: Optional[dict], device, rule=None,
+                 hp: Optional[dict] = None, sync_group=None, compiled: bool = False, dtype=None):
         self.boxes = list(boxes)
         self.widths, self.loc = local_layout(self.boxes, rank)
         rows = [0] * len(self.widths)
         for i, (w, base) in self.loc.items():
             rows[w] = max(rows[w], base + self.boxes[i].row_size)
-        dtype = next(iter(full_weights.values())).dtype
+        dtype = next(iter(full_weights.values())).dtype if full_weights is not None else dtype
         self.buffers = [torch.empty(r, c, dtype=dtype, device=device) for r, c in zip(rows, self.widths)]
         with torch.no_grad():
-            for i, (w, base) in self.loc.items():
+            for i, (w, base) in (self.loc.items() if full_weights is not None else ()):
                 b = self.boxes[i]
                 src = full_weights[b.table][b.row_offset:b.row_offset + b.row_size,
                                             b.col_offset:b.col_offset + b.col_size]
@@ -55,16 +57,17 @@ class ShardStore:
         # on CPU) at a one-off compile cost; the kernel is the same math as the eager update.
         self.kernel = torch.compile(rule.kernel, dynamic=True) if (compiled and rule is not None) else None
         self.steps = [0] * len(self.widths)
-        self.states = [self._init_state(buf) for buf in self.buffers]
+        self.states = [self._init_state(buf, full_weights is not None) for buf in self.buffers]
 
-    def _init_state(self, buf: torch.Tensor) -> dict:
+    def _init_state(self, buf: torch.Tensor, fill: bool = True) -> dict:
         if self.rule is None:
             return {}
         fills = self.rule.init_values(self.hp)
         out = {}
         for name, kind in self.rule.state_shapes.items():
             shape = buf.shape if kind == "elem" else buf.shape[:1]
-            out[name] = torch.full(shape, float(fills[name]), dtype=buf.dtype, device=buf.device)
+            out[name] = torch.full(shape, float(fills[name]), dtype=buf.dtype, device=buf.device) if fill \
+                else torch.empty(shape, dtype=buf.dtype, device=buf.device)
         return out
 
     def box_view(self, i: int, what: Optional[str] = None) -> torch.Tensor:

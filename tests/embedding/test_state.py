@@ -21,3 +21,11 @@ def test_row_wise_reduce_scatter_path():
     for world in (2, 3):
         for fwd_err, train_err in run_on_ranks(workers.reduce_scatter_path, world):
             assert fwd_err < 1e-5 and train_err < 1e-5
+
+
+def test_dtensor_layouts_in_state_dict():
+    # Replicate / Shard(0) (uneven, an empty shard at world 4) / Shard(1) tables become our DTensor
+    for world in (2, 4):
+        for kinds, err, err2 in run_on_ranks(workers.dtensor_state_dict, world):
+            assert set(kinds.values()) == {"DTensor"}, kinds
+            assert err == 0.0 and err2 == 0.0

@@ -208,3 +208,29 @@ def forward_errors(rank, world):
             messages.append(str(exc))
     err = (sharded(good).values() - ebc(good).values()).abs().max().item()
     return messages, err
+
+
+def dtensor_state_dict(rank, world):
+    """State dict through our DTensor (forced on even without its checkpoint protocol): which keys
+    became DTensors, and the max error of full_tensor() and of a load_state_dict round trip."""
+    from shardwise.embedding import state as state_mod
+    from shardwise.tensor import DTensor, Replicate, Shard
+
+    mesh = mesh_for(world, 1)
+    original = state_mod._dtensor_api
+    state_mod._dtensor_api = lambda: (DTensor, Shard, Replicate)
+    try:
+        ebc = common.make_ebc(seed=11)
+        plan = {"t_a": common.row_wise(), "t_b": common.data_parallel(),
+                "t_tiny": common.row_wise(), "t_c": common.column_wise(list(range(world)))}
+        sharded = shard(ebc, plan, mesh=mesh)
+        sd = sharded.state_dict()
+        kinds = {k: type(v).__name__ for k, v in sd.items()}
+        err = max((sd[f"embedding_bags.{t}.weight"].full_tensor() - ebc.embedding_bags[t].weight).abs().max().item()
+                  for t in plan)
+        other = shard(common.make_ebc(seed=12), plan, mesh=mesh)
+        other.load_state_dict(sd)
+        err2 = max((other.state_dict()[k].full_tensor() - v.full_tensor()).abs().max().item() for k, v in sd.items())
+    finally:
+        state_mod._dtensor_api = original
+    return kinds, err, err2
