@@ -33,13 +33,15 @@ __all__ = ["ReshardStats", "Piece", "reshard", "current_plan", "plan_pieces", "c
 @dataclass
 class ReshardStats:
     """What one :func:`reshard` did. Byte counts are per rank (index = rank) and identical on every
-    rank; ``bytes_local`` is what this rank copied without the wire."""
+    rank; ``bytes_matrix[src][dst]`` splits them by destination; ``bytes_local`` is what this rank
+    copied without the wire."""
 
     tables_moved: list = field(default_factory=list)
     bytes_sent: list = field(default_factory=list)
     bytes_received: list = field(default_factory=list)
     bytes_local: int = 0
     wall_time_s: float = 0.0
+    bytes_matrix: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -336,14 +338,11 @@ def _memory_check(module, plan: dict, new_boxes: dict, limit: Optional[int]) -> 
 
 
 def _rebuild_groups(module, plan: dict, affected: set) -> list:
-    """New group list in ShardingType order: affected types built afresh (zero-filled, no copy of
-    the full tables), the others kept as they are."""
+    """New group list in ShardingType order: affected types built afresh (uninitialised buffers,
+    never a copy of the full tables), the others kept as they are."""
     old = {g.sharding_type: g for g in module._groups}
     cols = next(iter(old.values())).spec.feature_cols
     rule, hp = module.fused_optimizer.rule, module.fused_optimizer.hp
-    # An expanded zero has no storage: ShardStore's initial copy reads nothing real.
-    zeros = {t.name: torch.zeros((), dtype=module._dtype, device=module._topo.device)
-             .expand(t.num_embeddings, t.embedding_dim) for t in module._tables}
     groups = []
     for st in ShardingType:
         tables = [t for t in module._tables if plan[t.name].sharding_type == st]
@@ -352,7 +351,8 @@ def _rebuild_groups(module, plan: dict, affected: set) -> list:
         if st not in affected:
             groups.append(old[st])
             continue
-        groups.append(module._build_group(st, tables, plan, cols, zeros, rule, hp))
+        # no initial weights: _fill writes every element of the new stores
+        groups.append(module._build_group(st, tables, plan, cols, None, rule, hp))
     return groups
 
 
@@ -382,7 +382,8 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
     moved = [t.name for t in module._tables if t.name in new_boxes and
              (new_boxes[t.name] != old_boxes[t.name] or plan[t.name].sharding_type != old_plan[t.name].sharding_type)]
     _check_steps(module, plan, new_boxes, steps)
-    stats = ReshardStats(moved, [0] * topo.world_size, [0] * topo.world_size)
+    world = topo.world_size
+    stats = ReshardStats(moved, [0] * world, [0] * world, bytes_matrix=[[0] * world for _ in range(world)])
     if not moved:
         stats.wall_time_s = time.perf_counter() - t0
         return stats
@@ -396,6 +397,7 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
             n = sum(_numel(p, k) for _, k in kinds) * item
             stats.bytes_sent[p.src] += n
             stats.bytes_received[p.dst] += n
+            stats.bytes_matrix[p.src][p.dst] += n
     old_index = _local_index(g for g in module._groups if g.sharding_type in affected)
     recv = _exchange(module, pieces, kinds, old_index)
     groups = _rebuild_groups(module, plan, affected)
