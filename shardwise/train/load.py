@@ -32,7 +32,8 @@ class LoadMeter:
         self.reset()
 
     def reset(self) -> None:
-        self._counts = torch.zeros(len(self.boxes), dtype=torch.float64)
+        # counts stay on the device: no host sync per step
+        self._counts = torch.zeros(len(self.boxes), dtype=torch.float64, device=self.device)
         self._carried = torch.zeros(len(self.boxes), dtype=torch.float64)
         self.steps = 0
 
@@ -50,7 +51,7 @@ class LoadMeter:
         self.steps = int(snap["steps"])
 
     def _summed(self) -> torch.Tensor:
-        t = self._counts.to(self.device)
+        t = self._counts.clone()
         if dist.is_initialized():
             dist.all_reduce(t)
         return t.cpu() + self._carried
@@ -60,7 +61,7 @@ class LoadMeter:
         self.steps += 1
         for feature, jt in kjt.to_dict().items():
             table = table_of[feature]
-            ids = jt.values().cpu()
+            ids = jt.values().to(self.device)
             for i in self._by_table[table]:
                 b = self.boxes[i]
                 if table in self._dp:
@@ -71,7 +72,7 @@ class LoadMeter:
                 if b.row_size == 0:
                     continue
                 hit = (ids >= b.row_offset) & (ids < b.row_offset + b.row_size)
-                self._counts[i] += int(hit.sum())
+                self._counts[i] += hit.sum()
 
     def totals(self) -> list[float]:
         """Collective: ids per box, summed over ranks, per step observed."""

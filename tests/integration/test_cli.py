@@ -10,6 +10,7 @@ import pytest
 
 from shardwise.cli import _is_ratio_line, main
 from shardwise.train.data import SyntheticClicks, default_cardinalities
+from shardwise.train.reshard import unavailable_reason
 
 
 @pytest.mark.parametrize("cmd", [[], ["train"], ["plan"], ["bench"], ["validate"]])
@@ -84,8 +85,10 @@ def test_two_process_run_writes_a_sane_report(run_a):
         "table_wise", "row_wise", "data_parallel"}
     rs = m["reshard"]
     assert rs["at_step"] == 12 and rs["status"] in ("applied", "no-change", "unavailable")
-    if rs["status"] == "unavailable":
-        assert "unavailable" in rs["reason"]
+    if unavailable_reason() is None:   # the resharding API is installed: it must have run
+        assert rs["status"] in ("applied", "no-change"), rs
+    else:
+        assert rs["status"] == "unavailable" and "unavailable" in rs["reason"]
     windows = rs["load_windows"]
     assert [w["steps"] for w in windows] == [12, 12] and all(len(w["per_rank"]) == 2 for w in windows)
     assert "| t_C1 |" in (out / "plan.md").read_text()
@@ -134,11 +137,15 @@ def test_resume_on_another_world_size(run_a, tmp_path):
 def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monkeypatch):
     _, m = run_a
     # the last rank dies after writing its step-12 files, before the commit; the elastic launcher
-    # restarts the group, which resumes from step 6 (the cut-off save must not count)
+    # restarts the group, which resumes from step 6 (the cut-off save must not count). This run never
+    # reshards while run_a does at step 12: with one id per bag a layout change only reorders float
+    # sums, so the curves must still agree -- before step 12 exactly, after it to rounding.
     monkeypatch.setenv("SHARDWISE_TRAIN_FAULT", "save:12")
     d = tmp_path / "d"
-    md = _train(d, "--steps", "18", "--batch-size", "128", "--checkpoint-every", "6", "--reshard-at", "12",
+    md = _train(d, "--steps", "18", "--batch-size", "128", "--checkpoint-every", "6", "--reshard-at", "0",
                 "--max-restarts", "1")
     assert md["elastic_restarts"] == 1 and m["elastic_restarts"] == 0
-    np.testing.assert_allclose(md["loss"]["value"], m["loss"]["value"][:18], rtol=0, atol=1e-5)
+    assert md["loss"]["value"][:12] == m["loss"]["value"][:12]
+    np.testing.assert_allclose(md["loss"]["value"][12:], m["loss"]["value"][12:18], rtol=0, atol=1e-5,
+                               err_msg=f"the curve changed after run_a's reshard ({m['reshard']['status']})")
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000006", "step_00000012", "step_00000018"]
