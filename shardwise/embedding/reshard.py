@@ -2,8 +2,9 @@
 
 The whole move is planned from shard boxes that every rank knows: the overlap of each table's old
 and new boxes gives a list of pieces (table, source rank, destination rank, rectangle). Pieces whose
-source and destination are the same rank are copied locally; the rest cross the wire in one
-``all_to_all_single`` that carries weights and every optimizer-state buffer of the moved tables.
+source and destination are the same rank are copied locally; the rest cross the wire in one batch
+of point-to-point messages (tags = positions in the shared piece list), straight from the old shard
+views into the new ones, carrying weights and every optimizer-state buffer of the moved tables.
 Only the sharding-type groups that gain or lose a table are rebuilt; the others are left alone.
 
 Example:
@@ -218,47 +219,50 @@ def _local_index(groups) -> dict:
     return out
 
 
-def _exchange(module, pieces: list, kinds: list, old_index: dict) -> Optional[torch.Tensor]:
-    """Send every remote piece in one all_to_all_single; returns this rank's receive buffer.
+def _post_exchange(module, pieces: list, kinds: list, old_index: dict, new_index: dict) -> tuple:
+    """Start moving every remote piece straight from the old shard views into the new ones; returns
+    (requests, [(staging, target)]) for :func:`_finish_exchange`.
 
-    Packing order (destination, then canonical piece order, then kind) is derived from ``pieces``
-    alone, so the receiver unpacks without being told the layout. Weights and optimizer states share
-    the table dtype, so one collective carries them all.
+    One batch of point-to-point messages, one per (piece, state) in the canonical piece order; the
+    tag is that position, derived from shared data, so both ends agree without talking. Pieces that
+    span whole rows are contiguous views and travel with no staging copy; column slices are packed
+    into a temporary one by one (at most the moved data is ever in flight).
     """
     topo, me = module._topo, module._topo.rank
-    send_sizes, recv_sizes = [0] * topo.world_size, [0] * topo.world_size
+    ops, unpack, tag = [], [], 0
     for p in pieces:
-        if p.src == p.dst:
-            continue
-        n = sum(_numel(p, k) for _, k in kinds)
-        if p.src == me:
-            send_sizes[p.dst] += n
-        if p.dst == me:
-            recv_sizes[p.src] += n
-    chunks = []
-    for d in range(topo.world_size):
-        for p in pieces:
-            if p.src != me or p.dst != d or d == me:
+        for what, kind in kinds:
+            if p.src == p.dst or not _numel(p, kind):
                 continue
-            store, i = old_index[p.src_box]
-            for what, kind in kinds:
-                if _numel(p, kind):
-                    chunks.append(_cut(store.box_view(i, what), p.src_box, p, kind).reshape(-1))
-    dtype = module._dtype
-    send = torch.cat(chunks) if chunks else torch.zeros(0, dtype=dtype, device=topo.device)
-    del chunks
-    recv = torch.empty(sum(recv_sizes), dtype=dtype, device=topo.device)
-    dist.all_to_all_single(recv, send, recv_sizes, send_sizes, group=topo.group)
-    return recv
+            tag += 1
+            if p.src == me:
+                store, i = old_index[p.src_box]
+                t = _cut(store.box_view(i, what), p.src_box, p, kind)
+                ops.append(dist.P2POp(dist.isend, t if t.is_contiguous() else t.contiguous(),
+                                      dist.get_global_rank(topo.group, p.dst), topo.group, tag))
+            elif p.dst == me:
+                store, i = new_index[p.dst_box]
+                t = _cut(store.box_view(i, what), p.dst_box, p, kind)
+                buf = t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+                if buf is not t:
+                    unpack.append((buf, t))
+                ops.append(dist.P2POp(dist.irecv, buf, dist.get_global_rank(topo.group, p.src), topo.group, tag))
+    return (dist.batch_isend_irecv(ops) if ops else []), unpack
 
 
-def _fill(module, groups: list, moved: set, pieces: list, kinds: list, old_index: dict,
-          recv: torch.Tensor) -> int:
-    """Write new stores: unchanged tables from their old local boxes, moved tables from local pieces
-    and the receive buffer. Returns bytes copied locally."""
-    me = module._topo.rank
-    new_index = _local_index(groups)
-    local_bytes = 0
+def _finish_exchange(reqs: list, unpack: list) -> None:
+    for req in reqs:
+        req.wait()
+    with torch.no_grad():
+        for buf, t in unpack:
+            t.copy_(buf)
+
+
+def _fill_local(module, groups: list, moved: set, pieces: list, kinds: list, old_index: dict,
+                new_index: dict) -> int:
+    """Unchanged tables of rebuilt groups from their old boxes, and pieces that stay on this rank.
+    Returns the bytes copied for moved tables."""
+    me, local_bytes = module._topo.rank, 0
     with torch.no_grad():
         for box, (store, i) in new_index.items():
             if box.table in moved:
@@ -266,24 +270,16 @@ def _fill(module, groups: list, moved: set, pieces: list, kinds: list, old_index
             src_store, j = old_index[box]
             for what, _ in kinds:
                 store.box_view(i, what).copy_(src_store.box_view(j, what))
-        offset = 0
-        for src in range(module._topo.world_size):
-            for p in pieces:
-                if p.dst != me or p.src != src:
-                    continue
-                store, i = new_index[p.dst_box]
-                for what, kind in kinds:
-                    n = _numel(p, kind)
-                    if not n:
-                        continue
+        for p in pieces:
+            if p.src != me or p.dst != me:
+                continue
+            store, i = new_index[p.dst_box]
+            s_store, j = old_index[p.src_box]
+            for what, kind in kinds:
+                if _numel(p, kind):
                     dst = _cut(store.box_view(i, what), p.dst_box, p, kind)
-                    if src == me:
-                        s_store, j = old_index[p.src_box]
-                        dst.copy_(_cut(s_store.box_view(j, what), p.src_box, p, kind))
-                        local_bytes += n * dst.element_size()
-                    else:
-                        dst.copy_(recv[offset:offset + n].view(dst.shape))
-                        offset += n
+                    dst.copy_(_cut(s_store.box_view(j, what), p.src_box, p, kind))
+                    local_bytes += dst.numel() * dst.element_size()
     return local_bytes
 
 
@@ -399,10 +395,13 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
             stats.bytes_received[p.dst] += n
             stats.bytes_matrix[p.src][p.dst] += n
     old_index = _local_index(g for g in module._groups if g.sharding_type in affected)
-    recv = _exchange(module, pieces, kinds, old_index)
     groups = _rebuild_groups(module, plan, affected)
     rebuilt = [g for g in groups if g.sharding_type in affected]
-    stats.bytes_local = _fill(module, rebuilt, set(moved), pieces, kinds, old_index, recv)
+    new_index = _local_index(rebuilt)
+    reqs, unpack = _post_exchange(module, pieces, kinds, old_index, new_index)
+    # local copies touch other regions of the new stores than the receives: overlap them
+    stats.bytes_local = _fill_local(module, rebuilt, set(moved), pieces, kinds, old_index, new_index)
+    _finish_exchange(reqs, unpack)
     _set_steps(rebuilt, steps)
     # the one place routing state changes: groups carry routing, stores and stages together
     module._groups = groups

@@ -1,0 +1,185 @@
+"""Live reshard cost: bytes moved and wall time of typical moves, vs the floor and vs TorchRec.
+
+Each move goes A -> B and back B -> A (so every repetition starts from the same layout); the time
+of one direction is the median over repetitions after a warm-up round trip. The floor is one raw
+``all_to_all_single`` with exactly the per-rank byte counts our reshard sent (weights + Adagrad
+state), measured in the same processes. TorchRec 1.8's ``reshard`` runs in its own interpreter on
+the moves it supports (table- and column-wise placement changes); it is skipped with a message
+where none is installed.
+
+    .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
+    .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
+
+This file imports nothing from shardwise at module level: the TorchRec interpreter runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import emit, spawn  # noqa: E402
+
+MOVES = ("tw_swap_all", "tw_swap", "cw_swap", "tw_to_rw", "rw_to_cw")
+TORCHREC_MOVES = ("tw_swap_all", "tw_swap", "cw_swap")
+
+
+def plans(move: str, tables: int):
+    """(plan A, plan B) as {table index: (kind, ranks)}; half the tables move, the rest stay
+    (``tw_swap_all``: every table changes rank, so no kept table is copied locally)."""
+    a, b = {}, {}
+    for i in range(tables):
+        if move == "tw_swap_all":
+            a[i], b[i] = ("tw", (i % 2,)), ("tw", ((i + 1) % 2,))
+        elif move == "tw_swap":
+            a[i], b[i] = ("tw", (i % 2,)), ("tw", ((i + 1) % 2,) if i < tables // 2 else (i % 2,))
+        elif move == "cw_swap":
+            a[i], b[i] = ("cw", (0, 1)), (("cw", (1, 0)) if i < tables // 2 else ("cw", (0, 1)))
+        elif move == "tw_to_rw":
+            a[i], b[i] = ("tw", (i % 2,)), (("rw", (0, 1)) if i < tables // 2 else ("tw", (i % 2,)))
+        else:
+            a[i], b[i] = ("rw", (0, 1)), (("cw", (0, 1)) if i < tables // 2 else ("rw", (0, 1)))
+    return a, b
+
+
+def _ours_plan(p: dict) -> dict:
+    from shardwise.embedding import column_wise, row_wise, table_wise
+
+    make = {"tw": lambda r: table_wise(r[0]), "rw": row_wise, "cw": column_wise}
+    return {f"t{i}": make[k](r) for i, (k, r) in p.items()}
+
+
+def _floor_s(matrix: list, rank: int, reps: int) -> float:
+    """Median time of one all_to_all_single carrying exactly ``matrix[src][dst]`` bytes (fp32)."""
+    world = len(matrix)
+    splits_in = [matrix[rank][d] // 4 for d in range(world)]
+    splits_out = [matrix[s][rank] // 4 for s in range(world)]
+    send, out = torch.ones(sum(splits_in)), torch.empty(sum(splits_out))
+    times = []
+    for i in range(reps + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dist.all_to_all_single(out, send, splits_out, splits_in)
+        dist.barrier()
+        if i:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_ours(rank, world, args, move):
+    import functools
+
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, reshard, shard
+
+    torch.manual_seed(0)
+    cfgs = [EmbeddingBagConfig(f"t{i}", args.rows, args.dim, [f"f{i}"]) for i in range(args.tables)]
+    a, b = (_ours_plan(p) for p in plans(move, args.tables))
+    mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
+    changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
+    times, stats = [], None
+    for i in range(2 * (args.reps + 1)):   # the first round trip is the warm-up
+        dist.barrier()
+        t0 = time.perf_counter()
+        s = reshard(mod, changes[i % 2])
+        dist.barrier()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+        stats = stats or s
+    floor = _floor_s(stats.bytes_matrix, rank, args.reps)
+    return {"ms": statistics.median(times) * 1e3, "floor_ms": floor * 1e3, "bytes_sent": stats.bytes_sent,
+            "tables_moved": len(stats.tables_moved)}
+
+
+# ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------
+def run_torchrec(rank, world, args, move):
+    import torchrec
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.shard import shard as tr_shard
+    from torchrec.distributed.sharding.dynamic_sharding import output_sharding_plan_delta_single
+    from torchrec.distributed.sharding_plan import column_wise, construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    torch.manual_seed(0)
+    cfgs = [torchrec.EmbeddingBagConfig(name=f"t{i}", embedding_dim=args.dim, num_embeddings=args.rows,
+                                        feature_names=[f"f{i}"]) for i in range(args.tables)]
+    ebc = torchrec.EmbeddingBagCollection(tables=cfgs, device=torch.device("meta"))
+    apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.01})
+    make = {"tw": lambda r: table_wise(rank=r[0]), "cw": lambda r: column_wise(ranks=list(r))}
+
+    def tr_plan(p):
+        return construct_module_sharding_plan(ebc, {f"t{i}": make[k](r) for i, (k, r) in p.items()},
+                                              local_size=world, world_size=world, device_type="cpu")
+    a, b = (tr_plan(p) for p in plans(move, args.tables))
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharder = EmbeddingBagCollectionSharder()
+    sharded = tr_shard(ebc, a, env=env, device=torch.device("cpu"), sharders=[sharder])
+    deltas = [output_sharding_plan_delta_single(a, b)[1], output_sharding_plan_delta_single(b, a)[1]]
+    times = []
+    for i in range(2 * (args.reps + 1)):
+        dist.barrier()
+        t0 = time.perf_counter()
+        sharded = sharder.reshard(sharded, deltas[i % 2], env, torch.device("cpu"))
+        dist.barrier()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return {"ms": statistics.median(times) * 1e3}
+
+
+def torchrec_ms(args, move: str):
+    """TorchRec's median reshard time (its own interpreter, PYTHONHASHSEED=0), or (None, why)."""
+    python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
+    if not python or not os.path.exists(python):
+        return None, "no TorchRec interpreter (pass --torchrec-python or set SHARDWISE_TORCHREC_PYTHON)"
+    cmd = [python, os.path.abspath(__file__), "--impl", "torchrec", "--moves", move, "--tables", str(args.tables),
+           "--rows", str(args.rows), "--dim", str(args.dim), "--reps", str(args.reps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED="0",
+                                                                        PYTHONPATH=""))
+    if proc.returncode:
+        return None, "TorchRec run failed: " + proc.stderr.strip().splitlines()[-1][:300]
+    recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return recs[-1]["ms"], ""
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--rows", type=int, default=100_000)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--moves", default=",".join(MOVES))
+    p.add_argument("--torchrec-python", default=None)
+    p.add_argument("--impl", default="all", choices=["all", "torchrec"])
+    args = p.parse_args(argv)
+    moves = args.moves.split(",")
+    shape = {"tables": args.tables, "rows": args.rows, "dim": args.dim, "dtype": "fp32", "world": 2,
+             "optimizer": "Adagrad"}
+    if args.impl == "torchrec":
+        for move in moves:
+            emit({"bench": "reshard", "impl": "torchrec", "move": move, **spawn(run_torchrec, 2, args, move)})
+        return
+    for move in moves:
+        ours = spawn(run_ours, 2, args, move)
+        rec = {"bench": "reshard", "move": move, **shape, "bytes_sent_per_rank": ours["bytes_sent"],
+               "tables_moved": ours["tables_moved"], "ms": round(ours["ms"], 1),
+               "floor_ms": round(ours["floor_ms"], 1), "ratio_vs_floor": round(ours["ms"] / ours["floor_ms"], 3)}
+        if move in TORCHREC_MOVES:
+            theirs, why = torchrec_ms(args, move)
+            if theirs is None:
+                print(f"# TorchRec skipped for {move}: {why}", file=sys.stderr)
+            else:
+                rec.update(torchrec_ms=round(theirs, 1), ratio_vs_torchrec=round(ours["ms"] / theirs, 3))
+        emit(rec)
+
+
+if __name__ == "__main__":
+    main()
