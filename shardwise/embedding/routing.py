@@ -12,7 +12,7 @@ from typing import Sequence
 import torch
 
 from .config import EmbeddingBagConfig
-from .plan import ShardBox
+from .plan import ShardBox  # noqa: F401  (GroupSpec.boxes holds them)
 from .shards import local_layout
 
 __all__ = ["GroupSpec", "Routing"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..plan import ParameterSharding, ShardBox, chunk_sizes
+from ..plan import ShardBox, chunk_sizes
 
 __all__ = ["Sharder", "Stages", "check_rank", "row_blocks"]
 
