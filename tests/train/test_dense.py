@@ -1,0 +1,69 @@
+"""Both dense data-parallel modes against one plain PyTorch process training on the whole batch."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from shardwise.testing import run_on_ranks, worker_mesh
+from shardwise.train.model import DenseArch
+
+STEPS, B, LR = 3, 6, 0.01
+
+
+def _batches(world):
+    g = torch.Generator().manual_seed(7)
+    out = []
+    for _ in range(STEPS):
+        per_rank = []
+        for _ in range(world):
+            per_rank.append((torch.randn(B, 13, generator=g), torch.randn(B, 4 * 8, generator=g),
+                             (torch.rand(B, generator=g) > 0.5).float()))
+        out.append(per_rank)
+    return out
+
+
+def _arch():
+    torch.manual_seed(3)
+    return DenseArch(num_sparse=4, dim=8, bottom=(16,), top=(16,))
+
+
+def _run_mode(rank, world, kind):
+    from shardwise.train.dense import make_dense_runner
+
+    runner = make_dense_runner(kind, _arch(), LR, worker_mesh(world))
+    losses, grads = [], []
+    for per_rank in _batches(world):
+        loss, _, g = runner.step(*per_rank[rank])
+        losses.append(loss.item())
+        grads.append(g.clone())
+    return losses, grads, runner.state()["params"]
+
+
+def _reference(world):
+    """One process: the mean of the ranks' losses (DDP's averaged gradient), Adam on the whole model."""
+    arch = _arch()
+    opt = torch.optim.Adam(arch.parameters(), lr=LR)
+    losses, grads = [], []
+    for per_rank in _batches(world):
+        leaves = [p.clone().requires_grad_(True) for _, p, _ in per_rank]
+        local = [F.binary_cross_entropy_with_logits(arch(d, leaf), y) for (d, _, y), leaf in zip(per_rank, leaves)]
+        torch.stack(local).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append([x.item() for x in local])
+        # the sparse side gets d(its own rank's loss)/d(pooled): world x the gradient of the mean
+        grads.append([leaf.grad * world for leaf in leaves])
+    return losses, grads, {n: p.detach() for n, p in arch.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", ["ddp", "compile"])
+def test_dense_modes_match_one_process(kind):
+    world = 2
+    results = run_on_ranks(_run_mode, world, kind, timeout=180)
+    losses, grads, params = _reference(world)
+    for rank, (r_losses, r_grads, r_params) in enumerate(results):
+        assert r_losses == pytest.approx([step[rank] for step in losses], abs=1e-6)
+        for got, want in zip(r_grads, grads):
+            torch.testing.assert_close(got, want[rank], atol=1e-6, rtol=1e-5)
+        for n, want in params.items():
+            torch.testing.assert_close(r_params[n], want, atol=1e-6, rtol=1e-5)
