@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..sparse import KeyedJaggedTensor
 from .plan import ParameterSharding, ShardingType, column_wise, data_parallel, row_wise, table_wise
 from .reshard import _kinds, current_plan, plan_pieces
 from .sharding import SHARDERS
@@ -55,12 +56,16 @@ class LookupCounter:
             if i is None:
                 continue
             ids = values[per_key[k]:per_key[k + 1]].to(self.device, torch.int64)
+            # out-of-range ids are the forward's to reject (on every rank); counting them here would
+            # raise on this rank alone, before the forward's agreement, and leave the others hanging
+            ids = ids[(ids >= 0) & (ids < self.tables[i].num_embeddings)]
             bucket = ids * self.buckets[i] // self.tables[i].num_embeddings
             self.hist[i] += torch.bincount(bucket, minlength=self.buckets[i])[:self.buckets[i]]
 
     def hook(self, module, args) -> None:
-        """forward pre-hook: count the batch the module is about to look up."""
-        if args:
+        """forward pre-hook: count the batch the module is about to look up (anything but a
+        KeyedJaggedTensor is left to the forward, which rejects it on every rank)."""
+        if args and isinstance(args[0], KeyedJaggedTensor):
             self.observe(args[0])
 
 
