@@ -222,3 +222,68 @@ def kjt_bad_values():
         (lambda: JaggedTensor(v, lengths=torch.tensor([2, 2])), ValueError, "lengths sum to 4"),
         (lambda: JaggedTensor(v), ValueError, "pass lengths or offsets"),
     ]
+
+
+# ---- reshard / propose_rebalance -----------------------------------------------------------------
+def _reshard(s, changes, **kw):
+    from shardwise.embedding.reshard import reshard
+
+    return lambda: reshard(s, changes, **kw)
+
+
+def reshard_changes_not_a_dict(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    return _reshard(s, [("ta", table_wise(0))]), _state(s)
+
+
+def reshard_unknown_table(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    return _reshard(s, {"tz": table_wise(0)}), _state(s)
+
+
+def reshard_entry_wrong_type(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    return _reshard(s, {"ta": "row_wise"}), _state(s)
+
+
+def reshard_rank_outside_world(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    return _reshard(s, {"ta": table_wise(world)}), _state(s)
+
+
+def reshard_changes_differ_one_rank(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    target = table_wise(1) if rank == world - 1 else table_wise(0)
+    return _reshard(s, {"ta": target}), _state(s)
+
+
+def reshard_over_memory_limit(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    return _reshard(s, {"ta": table_wise(0), "tb": table_wise(0)}, max_bytes_per_rank=64), _state(s)
+
+
+def reshard_rowwise_adagrad_to_columns(rank, world):
+    s = shard(_ebc(), _plan(), optimizer=RowWiseAdagrad)
+    _train_one_step(s)
+    return _reshard(s, {"ta": column_wise([0, 1])}), _state(s)
+
+
+def rebalance_bad_stats(rank, world):
+    from shardwise.embedding.rebalance import propose_rebalance
+
+    return lambda: propose_rebalance({"ta": 3}, 1 << 20), []
+
+
+def rebalance_negative_budget(rank, world):
+    from shardwise.embedding.rebalance import load_stats, propose_rebalance
+
+    s = _sharded()
+    _train_one_step(s)
+    stats = load_stats(s)
+    return lambda: propose_rebalance(stats, -1), _state(s)

@@ -1,4 +1,5 @@
-"""Bad-input matrix for sparse batches, shard(), the sharded forward, state dicts/DCP and the planner.
+"""Bad-input matrix for sparse batches, shard(), the sharded forward, state dicts/DCP, reshard and the
+planner.
 
 Distributed rows run on 2 gloo ranks; every rank catches and reports its exception and the row passes
 only when all ranks raised the same type and message and the shards, the fused optimizer state and
@@ -30,15 +31,26 @@ ROWS = [
     ("shard_unsupported_optimizer", ValueError, "RMSprop cannot be fused"),
     ("shard_sgd_momentum", ValueError, "momentum=0.9"),
     ("shard_rowwise_adagrad_on_columns", ValueError, "column-wise tables ['ta']"),
+    # the forward reports every rank's batch problem as one ValueError on all ranks (docs/embedding.md)
     ("forward_unknown_feature", ValueError, "features ['fz'] are not looked up"),
-    ("forward_not_a_kjt", TypeError, "expects a KeyedJaggedTensor"),
+    ("forward_not_a_kjt", ValueError, "rank 0: TypeError: forward expects a KeyedJaggedTensor"),
+    ("forward_unknown_feature_one_rank", ValueError, "rank(s) [1] is invalid"),
+    ("forward_missing_weights_one_rank", ValueError, "rank 1: ValueError: this collection is weighted"),
+    ("forward_id_too_large_one_rank", ValueError, "rank 1: ValueError: id 10 of feature 'fa' is outside"),
+    ("forward_negative_id_one_rank", ValueError, "rank 1: ValueError: id -2 of feature 'fa' is outside"),
     ("load_missing_key", ValueError, "missing keys ['embedding_bags.tb.weight']"),
     ("dcp_load_into_other_tables", CheckpointException, "Size mismatch"),
+    ("reshard_changes_not_a_dict", TypeError, "changes must be a dict"),
+    ("reshard_unknown_table", ValueError, "unknown tables ['tz']"),
+    ("reshard_entry_wrong_type", TypeError, "must be a ParameterSharding"),
+    ("reshard_rank_outside_world", ValueError, "table_wise names rank 2"),
+    ("reshard_changes_differ_one_rank", ValueError, "changes differ across ranks (ranks [1]"),
+    ("reshard_over_memory_limit", ValueError, "over max_bytes_per_rank=64"),
+    ("reshard_rowwise_adagrad_to_columns", ValueError, "column-wise tables ['ta']"),
+    ("rebalance_bad_stats", TypeError, "must be a LoadStats"),
+    ("rebalance_negative_budget", ValueError, "max_bytes=-1"),
 ]
 
-_HANG = ("a bad batch on one rank raises there before the forward's first collective (the batch-size "
-         "all-gather); the other ranks wait in it until the process-group timeout (embedding owner, "
-         "shardwise/embedding/sharded.py forward; ids are documented as unchecked in docs/embedding.md)")
 _MUTATES = "the error is raised after earlier tables were already copied (embedding owner, {})"
 _UNCHECKED = ("ranks passing different plans/tables to shard() are not compared; each rank builds other "
               "routing and the first forward exchanges mismatched data (embedding owner, sharded.py shard)")
@@ -49,10 +61,6 @@ def _bug(case, exc, fragment, reason):
 
 
 KNOWN_BUGS = [
-    _bug("forward_unknown_feature_one_rank", ValueError, "features ['fz']", _HANG),
-    _bug("forward_missing_weights_one_rank", ValueError, "no weights", _HANG),
-    _bug("forward_id_too_large_one_rank", ValueError, "out of range", _HANG),
-    _bug("forward_negative_id_one_rank", ValueError, "out of range", _HANG),
     _bug("load_wrong_shape_second_table", ValueError, "shape (8, 4)",
          _MUTATES.format("state.py copy_into_shards via ShardedEmbeddingBagCollection.load_state_dict")),
     _bug("optim_load_steps_differ", ValueError, "different steps per table",
