@@ -62,6 +62,7 @@ def _train_parser(sub) -> None:
 
 
 def _cmd_train(ns) -> int:
+    from .train.checkpoint import resume_point
     from .train.data import CriteoTSV
     from .train.launch import launch
     from .train.worker import config_from_args
@@ -69,6 +70,8 @@ def _cmd_train(ns) -> int:
     cfg = config_from_args(ns)
     if cfg.data:
         CriteoTSV(cfg.data)   # a malformed file fails here, before any process starts
+    if cfg.resume:
+        resume_point(cfg)     # so does a missing or mismatched checkpoint
     try:
         launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
     except Exception as e:   # the launcher's ChildFailedError already printed each rank's traceback

@@ -23,7 +23,7 @@ from typing import Optional
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest", "read_meta", "fault_point"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest", "read_meta", "resume_point", "fault_point"]
 
 _NAME = re.compile(r"^step_(\d{8})$")
 MARKER = "COMMITTED"
@@ -85,6 +85,26 @@ def latest(directory) -> Optional[Path]:
     found = [(int(m.group(1)), p) for p in root.iterdir()
              if (m := _NAME.match(p.name)) and (p / MARKER).is_file() and (p / "meta.json").is_file()]
     return max(found)[1] if found else None
+
+
+def resume_point(cfg) -> Path:
+    """The checkpoint ``--resume`` continues from; ValueError when there is none or it does not fit.
+
+    Example:
+        >>> resume_point(TrainConfig(out="report", resume=True))       # doctest: +SKIP
+        PosixPath('report/checkpoints/step_00000200')
+    """
+    path = latest(cfg.checkpoint_path)
+    if path is None:
+        raise ValueError(f"--resume: no committed checkpoint under {cfg.checkpoint_path!r}; run without "
+                         f"--resume first (with --checkpoint-every K) or pass the --out of that run")
+    saved = json.loads(read_meta(path)["config"])
+    # table shapes must match what was saved; batch size, dense mode and world size may change
+    differ = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in ("rows", "dim") if saved[k] != getattr(cfg, k)]
+    if differ:
+        raise ValueError(f"--resume: {path} was saved with {', '.join(differ)}; resume with the same table "
+                         f"sizes or start a new run in another --out")
+    return path
 
 
 def read_meta(path) -> dict:

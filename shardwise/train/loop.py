@@ -72,12 +72,8 @@ class Trainer:
     def _resume_meta(self) -> Optional[dict]:
         if not self.cfg.resume:
             return None
-        path = ckpt.latest(self.cfg.checkpoint_path)
-        if path is None:
-            raise ValueError(f"--resume: no committed checkpoint under {self.cfg.checkpoint_path!r}; run "
-                             f"without --resume first (with --checkpoint-every K) or pass the right --out")
-        self._ckpt_path = path
-        return ckpt.read_meta(path)
+        self._ckpt_path = ckpt.resume_point(self.cfg)
+        return ckpt.read_meta(self._ckpt_path)
 
     def _plan_for_resume(self, meta: dict) -> dict:
         if meta["world"] == self.world:

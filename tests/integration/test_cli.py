@@ -149,3 +149,11 @@ def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monke
     np.testing.assert_allclose(md["loss"]["value"][12:], m["loss"]["value"][12:18], rtol=0, atol=1e-5,
                                err_msg=f"the curve changed after run_a's reshard ({m['reshard']['status']})")
     assert sorted(p.name for p in (d / "checkpoints").iterdir()) == ["step_00000006", "step_00000012", "step_00000018"]
+
+
+def test_resume_needs_a_matching_checkpoint(run_a, tmp_path, capsys):
+    assert main(["train", "--resume", "--out", str(tmp_path / "empty")]) == 2
+    assert "no committed checkpoint" in capsys.readouterr().err
+    out_a, _ = run_a
+    assert main(["train", "--resume", "--out", str(out_a), "--rows", "5000", "--steps", "30"]) == 2
+    assert "--rows 4000 (now 5000)" in capsys.readouterr().err
