@@ -255,6 +255,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if strict and (missing or unexpected):
             raise ValueError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}; pass "
                              f"strict=False to load a subset")
+        for t in self._tables:   # every shape first: a bad later table must not leave earlier ones loaded
+            key, size = f"embedding_bags.{t.name}.weight", (t.num_embeddings, t.embedding_dim)
+            if key in state_dict and tuple(state_dict[key].shape) != size:
+                raise ValueError(f"{key}: shape {tuple(state_dict[key].shape)} does not match the table's {size}; "
+                                 f"load a state dict of the same tables (nothing was loaded)")
         for t, boxes, local, replicated, _ in self._table_shards():
             key = f"embedding_bags.{t.name}.weight"
             if key in state_dict:
