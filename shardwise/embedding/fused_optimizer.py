@@ -64,12 +64,17 @@ class FusedOptimizer:
             if key not in state or name not in state[key]:
                 raise ValueError(f"optimizer state_dict lacks {key!r} / {name!r}; save it from a collection "
                                  f"with the same tables and optimizer ({self.rule.name})")
-        topo = self._module._topo
-        for key, name, boxes, local, size, replicated in entries:
-            copy_into_shards(state[key][name], boxes, local, size, topo, replicated, f"{key}/{name}")
+        # every check before the first copy: a bad entry must not leave the state half loaded
         steps = {int(float(v["step"])) for v in state.values() if "step" in v}
         if len(steps) > 1:
             raise ValueError(f"optimizer state_dict has different steps per table {sorted(steps)}")
+        for key, name, _, _, size, _ in entries:
+            if tuple(state[key][name].shape) != tuple(size):
+                raise ValueError(f"{key}/{name}: shape {tuple(state[key][name].shape)} does not match the "
+                                 f"table's {tuple(size)}; load a state dict of the same tables")
+        topo = self._module._topo
+        for key, name, boxes, local, size, replicated in entries:
+            copy_into_shards(state[key][name], boxes, local, size, topo, replicated, f"{key}/{name}")
         step = steps.pop() if steps else 0
         for g in self._module._groups:
             g.store.steps = [step] * len(g.store.steps)
