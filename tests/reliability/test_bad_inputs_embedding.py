@@ -39,6 +39,8 @@ ROWS = [
     ("forward_id_too_large_one_rank", ValueError, "rank 1: ValueError: id 10 of feature 'fa' is outside"),
     ("forward_negative_id_one_rank", ValueError, "rank 1: ValueError: id -2 of feature 'fa' is outside"),
     ("load_missing_key", ValueError, "missing keys ['embedding_bags.tb.weight']"),
+    ("load_wrong_shape_second_table", ValueError, "shape (8, 4) does not match the table's (7, 4)"),
+    ("optim_load_steps_differ", ValueError, "different steps per table [1, 5]"),
     ("dcp_load_into_other_tables", CheckpointException, "Size mismatch"),
     ("reshard_changes_not_a_dict", TypeError, "changes must be a dict"),
     ("reshard_unknown_table", ValueError, "unknown tables ['tz']"),
@@ -51,7 +53,6 @@ ROWS = [
     ("rebalance_negative_budget", ValueError, "max_bytes=-1"),
 ]
 
-_MUTATES = "the error is raised after earlier tables were already copied (embedding owner, {})"
 _UNCHECKED = ("ranks passing different plans/tables to shard() are not compared; each rank builds other "
               "routing and the first forward exchanges mismatched data (embedding owner, sharded.py shard)")
 
@@ -61,10 +62,6 @@ def _bug(case, exc, fragment, reason):
 
 
 KNOWN_BUGS = [
-    _bug("load_wrong_shape_second_table", ValueError, "shape (8, 4)",
-         _MUTATES.format("state.py copy_into_shards via ShardedEmbeddingBagCollection.load_state_dict")),
-    _bug("optim_load_steps_differ", ValueError, "different steps per table",
-         _MUTATES.format("fused_optimizer.py load_state_dict checks steps after copying")),
     _bug("shard_plan_differs_one_rank", ValueError, "plan", _UNCHECKED),
     _bug("shard_tables_differ_one_rank", ValueError, "tables", _UNCHECKED),
 ]
