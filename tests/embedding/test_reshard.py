@@ -61,10 +61,10 @@ def _same(a: dict, b: dict) -> list:
     return sorted(k for k in a if not bits_equal(a[k], b[k]))
 
 
-def reshard_cases(rank, world, cases):
+def reshard_cases(rank, world, cases, hosts=1):
     """Per case (dtype, optimizer, plan A, changes): train 2 steps on A, reshard, check state moved
     bit-exactly, forward == fresh sharding of the new plan, then 2 more steps vs 4 without reshard."""
-    mesh = mesh_for(world, 1)
+    mesh = mesh_for(world, hosts)
     out = []
     for dtype_name, opt_name, plan, changes in cases:
         dtype = DTYPES[dtype_name]
@@ -155,3 +155,11 @@ def test_every_type_to_every_type():
     cases = [("fp32", "adam", {**base, "t_a": a}, {"t_a": b, "t_c": a})
              for a in kinds.values() for b in kinds.values() if a != b]
     _check(run_on_ranks(reshard_cases, world, cases, timeout=300.0), cases)
+
+
+def test_between_hosts_on_a_2d_mesh():
+    # table-row-wise blocks move from one host's ranks to the other's, and to/from row-wise
+    base = {"t_a": table_row_wise(0), "t_b": row_wise(), "t_tiny": table_wise(3), "t_c": table_row_wise(1)}
+    cases = [("fp32", "adam", base, {"t_a": table_row_wise(1), "t_b": table_row_wise(0), "t_c": row_wise([3, 0])}),
+             ("bf16", "adagrad", base, {"t_a": column_wise([2, 1]), "t_tiny": table_row_wise(1)})]
+    _check(run_on_ranks(reshard_cases, 4, cases, 2, timeout=300.0), cases)
