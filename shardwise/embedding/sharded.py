@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -268,6 +269,18 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return missing, unexpected
 
 
+def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology) -> None:
+    """Ranks given other tables or another plan would build other routing and exchange garbage in the
+    first forward; one all-gather of a digest makes them all raise here instead."""
+    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(ebc.is_weighted)
+    digest = list(hashlib.sha256(text.encode()).digest()[:16])
+    rows = all_gather_ints(digest, topo.world_size, topo.group, topo.device)
+    differ = [r for r in range(topo.world_size) if rows[r] != rows[0]]
+    if differ:
+        raise ValueError(f"shard(): ranks {differ} were given other tables or another plan than rank 0; every "
+                         f"rank must call shard() with the same EmbeddingBagConfigs and plan")
+
+
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
           compile_optimizer: bool = False) -> ShardedEmbeddingBagCollection:
     """Shard ``ebc`` over ``mesh`` (default: all ranks of the default process group) per ``plan``.
@@ -286,4 +299,5 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
         raise TypeError(f"shard() expects an EmbeddingBagCollection, got {type(ebc).__name__}")
     _check_plan(ebc, plan)
     topo = Topology.from_mesh(mesh)
+    _check_same_everywhere(ebc, plan, topo)
     return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer)
