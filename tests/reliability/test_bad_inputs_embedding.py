@@ -19,7 +19,7 @@ from . import _cases_embedding as cases
 from ._runner import check_rows, run_case
 
 MOD = cases.__name__
-# a row raises at once or hangs; hangs are the bugs below, so keep them cheap
+# one-rank rows run on a 3 s group timeout (_runner.short_timeout_mesh): a hang fails well inside this
 ROW_TIMEOUT = 8.0
 
 ROWS = [
@@ -31,6 +31,8 @@ ROWS = [
     ("shard_unsupported_optimizer", ValueError, "RMSprop cannot be fused"),
     ("shard_sgd_momentum", ValueError, "momentum=0.9"),
     ("shard_rowwise_adagrad_on_columns", ValueError, "column-wise tables ['ta']"),
+    ("shard_plan_differs_one_rank", ValueError, "shard(): ranks [1] were given other tables or another plan"),
+    ("shard_tables_differ_one_rank", ValueError, "shard(): ranks [1] were given other tables or another plan"),
     # the forward reports every rank's batch problem as one ValueError on all ranks (docs/embedding.md)
     ("forward_unknown_feature", ValueError, "features ['fz'] are not looked up"),
     ("forward_not_a_kjt", ValueError, "rank 0: TypeError: forward expects a KeyedJaggedTensor"),
@@ -53,21 +55,8 @@ ROWS = [
     ("rebalance_negative_budget", ValueError, "max_bytes=-1"),
 ]
 
-_UNCHECKED = ("ranks passing different plans/tables to shard() are not compared; each rank builds other "
-              "routing and the first forward exchanges mismatched data (embedding owner, sharded.py shard)")
 
-
-def _bug(case, exc, fragment, reason):
-    return pytest.param(case, exc, fragment, marks=pytest.mark.xfail(strict=True, reason=reason))
-
-
-KNOWN_BUGS = [
-    _bug("shard_plan_differs_one_rank", ValueError, "plan", _UNCHECKED),
-    _bug("shard_tables_differ_one_rank", ValueError, "tables", _UNCHECKED),
-]
-
-
-@pytest.mark.parametrize("case, exc, fragment", ROWS + KNOWN_BUGS)
+@pytest.mark.parametrize("case, exc, fragment", ROWS)
 def test_bad_input_fails_identically_on_every_rank(case, exc, fragment):
     results = run_on_ranks(run_case, 2, MOD, case, timeout=ROW_TIMEOUT)
     check_rows(results, exc, fragment)
