@@ -9,7 +9,9 @@ Example (inside an initialised process group; ``shardwise train`` does all of th
 from __future__ import annotations
 
 import functools
+import shutil
 import time
+from pathlib import Path
 from typing import Optional
 
 import torch
@@ -22,7 +24,7 @@ from .data import SyntheticClicks, default_cardinalities, open_data, to_model_in
 from .dense import make_dense_runner
 from .load import LoadMeter
 from .model import DenseArch, auc, make_ebc, make_tables
-from .progress import Progress
+from .progress import Progress, console
 from .reshard import counter_restore, counter_snapshot, live_reshard
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
@@ -71,9 +73,22 @@ class Trainer:
     # ---- setup ------------------------------------------------------------------------------------
     def _resume_meta(self) -> Optional[dict]:
         if not self.cfg.resume:
+            self._set_aside_old_checkpoints()
             return None
         self._ckpt_path = ckpt.resume_point(self.cfg)
         return ckpt.read_meta(self._ckpt_path)
+
+    def _set_aside_old_checkpoints(self) -> None:
+        """A fresh run must not leave an earlier run's later steps for a future --resume to pick up."""
+        root = Path(self.cfg.checkpoint_path)
+        if self.rank == 0 and ckpt.latest(root) is not None:
+            prev = root.with_name(root.name + ".prev")
+            shutil.rmtree(prev, ignore_errors=True)
+            root.rename(prev)
+            if not self.cfg.quiet:
+                console.print(f"[yellow]earlier checkpoints moved to {prev} (this run starts fresh; "
+                              f"pass --resume to continue one)[/]")
+        dist.barrier()
 
     def _plan_for_resume(self, meta: dict) -> dict:
         if meta["world"] == self.world:

@@ -115,10 +115,17 @@ def test_criteo_file_with_missing_values_trains(tmp_path):
         lines.append("\t".join([str(int(y)), *ints, *cats]))
     path = tmp_path / "day.tsv"
     path.write_text("\n".join(lines) + "\n")
+    # an earlier run's checkpoint in the same --out: a fresh run moves it aside for no later --resume to mix in
+    old = tmp_path / "r" / "checkpoints" / "step_00000099"
+    old.mkdir(parents=True)
+    (old / "COMMITTED").write_text("99\n")
+    (old / "meta.json").write_text("{}")
     m = _train(tmp_path / "r", "--data", str(path), "--steps", "8", "--batch-size", "32", "--dense-parallel", "ddp",
                "--checkpoint-every", "0", "--reshard-at", "0")
     assert m["steps"] == 8 and all(np.isfinite(m["loss"]["value"]))
     assert m["data"] == str(path) and m["reshard"]["status"] == "off"
+    assert (tmp_path / "r" / "checkpoints.prev" / "step_00000099" / "COMMITTED").is_file()
+    assert not (tmp_path / "r" / "checkpoints").exists()
 
 
 def test_resume_on_another_world_size(run_a, tmp_path):
