@@ -27,7 +27,8 @@ def test_forward_matches_unsharded(world, hosts):
 ])
 def test_training_matches_dense_optimizer(world, hosts, cases):
     # 3 steps of fused SGD / Adagrad == torch.optim on the unsharded module, global batch, summed losses
-    results = run_on_ranks(workers.train_all_plans, world, hosts, PLANS, cases, timeout=300.0)
+    results = run_on_ranks(workers.train_all_plans, world, hosts, PLANS, cases, timeout=300.0,
+                           chunk_elements=16 if world == 3 else None)
     for rank, errors in enumerate(results):
         assert len(errors) == len(PLANS) * len(cases)
         for key, (err, moved) in errors.items():
@@ -42,8 +43,9 @@ def test_training_adam_and_row_wise_adagrad():
 
     rwa = functools.partial(RowWiseAdagrad, lr=0.1)
     no_cw = ["table_wise", "row_wise", "data_parallel", "table_row_wise"]
+    # chunk_elements=8: the CPU update runs in 1-2 row chunks, so chunking is exercised too
     results = run_on_ranks(workers.train_all_plans, 2, 1, no_cw, [(common.ADAM, True), (rwa, False)],
-                           timeout=300.0)
+                           timeout=300.0, chunk_elements=8)
     for rank, errors in enumerate(results):
         assert len(errors) == 2 * len(no_cw)
         for key, (err, moved) in errors.items():

@@ -35,11 +35,25 @@ def forward_all_plans(rank, world, hosts, plan_names, cases):
     return errors
 
 
-def train_all_plans(rank, world, hosts, plan_names, cases, steps=3, compile_optimizer=False):
+def train_all_plans(rank, world, hosts, plan_names, cases, steps=3, compile_optimizer=False,
+                    chunk_elements=None):
     """Per (plan, optimizer, weighted): max abs weight error after ``steps`` fused steps vs the dense
     unsharded reference, and how far the reference moved (so a no-op update cannot pass)."""
+    from shardwise.embedding import shards
+
     mesh = mesh_for(world, hosts)
     errors = {}
+    saved = shards._CHUNK_ELEMENTS
+    if chunk_elements is not None:   # tiny chunks: the CPU row-chunked update path runs many chunks
+        shards._CHUNK_ELEMENTS = chunk_elements
+    try:
+        _train_cases(rank, world, hosts, plan_names, cases, steps, compile_optimizer, mesh, errors)
+    finally:
+        shards._CHUNK_ELEMENTS = saved
+    return errors
+
+
+def _train_cases(rank, world, hosts, plan_names, cases, steps, compile_optimizer, mesh, errors):
     for optimizer, weighted in cases:
         ebc = common.make_ebc(seed=2, weighted=weighted)
         reference = common.reference_train_touched_rows if optimizer.func is torch.optim.Adam \
@@ -60,7 +74,6 @@ def train_all_plans(rank, world, hosts, plan_names, cases, steps=3, compile_opti
                 full = sd[f"embedding_bags.{table}.weight"].full_tensor()
                 err = max(err, (full - w).abs().max().item())
             errors[(name, optimizer.func.__name__, weighted)] = (err, moved)
-    return errors
 
 
 def reduce_scatter_path(rank, world):
