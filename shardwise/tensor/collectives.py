@@ -114,9 +114,10 @@ def all_to_all_dims(
     src_chunk = -(-src_full // n) if src_full else 0
     dst_full = x.shape[dst_dim]
     dst_chunk = -(-dst_full // n) if dst_full else 0
-    if dst_chunk == 0 or src_full == 0:
+    if dst_chunk == 0 or src_full == 0:  # nothing to move: only the local shape changes
         shape = list(x.shape)
         shape[src_dim] = src_full
+        shape[dst_dim] = chunk_range(dst_full, n, coord)[1]
         return x.new_empty(shape)
     x = _pad_dim(_pad_dim(x, src_dim, src_chunk), dst_dim, dst_chunk * n)
     pieces = torch.stack(torch.chunk(x, n, dim=dst_dim), dim=0).contiguous()

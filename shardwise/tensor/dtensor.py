@@ -304,6 +304,7 @@ def distribute_tensor(
     if local.device.type != device.type:
         local = local.to(device)
     if src_data_rank is not None:
+        _check_same_call(tensor, placements, device_mesh)
         local = local.contiguous().clone()
         dist.broadcast(local, src=int(device_mesh.mesh.flatten()[src_data_rank]), group=_mesh_group(device_mesh))
     coord = mesh_coord(device_mesh)
@@ -317,6 +318,24 @@ def distribute_tensor(
     local = local.contiguous() if src_data_rank is None else local.clone().contiguous()
     spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
     return DTensor(local, spec, requires_grad=tensor.requires_grad)
+
+
+def _check_same_call(tensor: torch.Tensor, placements, mesh: DeviceMesh) -> None:
+    """All ranks must distribute the same shape/dtype/layout before the data broadcast; one small
+    all-gather lets every rank see a mismatch and raise together instead of hanging or mixing sizes."""
+    mine = (tuple(tensor.shape), str(tensor.dtype), tuple(str(p) for p in placements))
+    gathered = [None] * mesh.size()
+    dist.all_gather_object(gathered, (dist.get_rank(), mine), group=_mesh_group(mesh))
+    gathered.sort()
+    first_rank, first = gathered[0]
+    for rank, meta in gathered[1:]:
+        for what, a, b in zip(("shape", "dtype", "placements"), first, meta):
+            if a != b:
+                raise ValueError(
+                    f"distribute_tensor: ranks disagree on the {what}: rank {first_rank} has {a}, rank {rank} has "
+                    f"{b}; every rank must pass the same full tensor layout (or use src_data_rank=None to keep "
+                    "each rank's own copy, unchecked)"
+                )
 
 
 def _mesh_group(mesh: DeviceMesh):

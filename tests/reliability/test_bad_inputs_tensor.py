@@ -43,15 +43,11 @@ ROWS = [
     ("embed_float_ids", RuntimeError, "indices"),
 ]
 
-_DIFFERS = ("rank-local input that differs across ranks is not checked; the call succeeds and each rank "
-            "keeps another tensor (tensor core, shardwise/tensor/dtensor.py distribute_tensor)")
 KNOWN_BUGS = [
-    pytest.param("dist_shape_differs_one_rank", ValueError, "shape",
-                 marks=pytest.mark.xfail(strict=True, reason=_DIFFERS)),
-    pytest.param("dist_dtype_differs_one_rank", ValueError, "dtype",
-                 marks=pytest.mark.xfail(strict=True, reason=_DIFFERS)),
-    pytest.param("dist_placements_differ_one_rank", ValueError, "placements",
-                 marks=pytest.mark.xfail(strict=True, reason=_DIFFERS)),
+    # rank-local layouts that differ are caught by distribute_tensor's metadata all-gather
+    ("dist_shape_differs_one_rank", ValueError, "ranks disagree on the shape"),
+    ("dist_dtype_differs_one_rank", ValueError, "ranks disagree on the dtype"),
+    ("dist_placements_differ_one_rank", ValueError, "ranks disagree on the placements"),
     pytest.param("redist_targets_differ_one_rank", ValueError, "placements", marks=pytest.mark.xfail(
         strict=True, reason="ranks asking redistribute for different targets run mismatched collectives and "
         "hang until the process-group timeout (tensor core, shardwise/tensor/dtensor.py redistribute)")),

@@ -120,9 +120,6 @@ def test_round_trip_through_every_layout_pair_of_a_small_tensor():
                 assert all(r.values()), f"rank {rank}: {a} -> {b} -> back: {r}"
 
 
-@pytest.mark.xfail(strict=True, reason="S(1) -> S(0) with a zero-size dim 1 leaves every rank the whole "
-                   "(n, 0) tensor instead of its row chunk: local shapes disagree with the spec (tensor core, "
-                   "shardwise/tensor/redistribute.py / collectives.py all-to-all of empty tensors)")
 def test_round_trip_with_an_empty_dim():
     results = run_on_ranks(_round_trip, 4, (5, 0), (4,), [("S", 0)], [("S", 1)], 0, timeout=60)
     for rank, r in enumerate(results):
