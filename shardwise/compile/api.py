@@ -70,6 +70,8 @@ class CompiledStep:
         self._owner: tuple[int, int] | None = None
         self._cache: dict[Any, _Entry] = {}
         self.traces = 0
+        # compare batch layout and hyper-parameters across ranks on every call (one tiny all-gather)
+        self.check_ranks = getattr(mode.mesh, "ndim", 0) == 1
 
     @property
     def graph(self) -> torch.fx.GraphModule | None:
@@ -85,6 +87,8 @@ class CompiledStep:
         spec = optim_spec(optimizer)
         local = self.mode.local_batch(batch)
         joint = None
+        if self.check_ranks:
+            _check_ranks_agree(self.mode.mesh, spec, batch, optimizer)
         if self._owner is None:
             # Trace before touching the model: a step that cannot be traced
             # fails with the model and optimizer unchanged.
@@ -171,6 +175,36 @@ class CompiledStep:
         it = iter(user)
         leaves = [next(it) if is_t else c for is_t, c in entry.joint.out_consts]
         return pytree.tree_unflatten(leaves, entry.joint.out_spec)
+
+
+def _check_ranks_agree(mesh, spec, batch, optimizer) -> None:
+    """Every call: all ranks must step with the same global batch layout and hyper-parameters (lr
+    included), or the replicas would silently diverge. One 8-byte all-gather of a digest (crc32, not
+    Python's per-process hash); only on a mismatch are the details gathered, and every rank raises."""
+    import zlib
+
+    import torch.distributed as dist
+
+    leaves = pytree.tree_leaves(batch)
+    desc = [(tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves]
+    mine = {"batch": repr(desc), "lr": repr([g["lr"] for g in optimizer.param_groups]), "optimizer": repr(spec)}
+    group = mesh.get_group()
+    digest = zlib.crc32("|".join(mine.values()).encode())
+    device = torch.device(mesh.device_type)
+    gathered = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(gathered, torch.tensor([digest], dtype=torch.int64, device=device), group=group)
+    if bool((gathered == gathered[0]).all()):
+        return
+    details = [None] * dist.get_world_size(group)
+    dist.all_gather_object(details, mine, group=group)
+    for what in ("batch", "lr", "optimizer"):
+        values = [d[what] for d in details]
+        if len(set(values)) > 1:
+            diffs = "; ".join(f"rank {r}: {v}" for r, v in enumerate(values) if v != values[0])
+            raise ValueError(
+                f"compiled step: ranks disagree on the {what} (rank 0: {values[0]}; {diffs}); data parallel needs "
+                "the same global batch shape and optimizer settings on every rank"
+            )
 
 
 def _hashable(x) -> bool:

@@ -29,13 +29,10 @@ ROWS = [
     ("lr_tensor", TypeError, "must be a Python float"),
 ]
 
-_UNCHECKED = ("ranks are not compared: a rank with {} trains on and the replicas silently diverge "
-              "(compile owner, shardwise/compile/api.py CompiledStep.__call__ guard)")
+# ranks are compared before every trace (compile/api.py _check_ranks_agree)
 KNOWN_BUGS = [
-    pytest.param("batch_size_differs_one_rank", ValueError, "batch", marks=pytest.mark.xfail(
-        strict=True, reason=_UNCHECKED.format("another global batch size"))),
-    pytest.param("lr_differs_one_rank", ValueError, "lr", marks=pytest.mark.xfail(
-        strict=True, reason=_UNCHECKED.format("another learning rate"))),
+    ("batch_size_differs_one_rank", ValueError, "ranks disagree on the batch"),
+    ("lr_differs_one_rank", ValueError, "ranks disagree on the lr"),
 ]
 
 
