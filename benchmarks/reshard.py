@@ -80,7 +80,10 @@ def _floor_s(matrix: list, rank: int, reps: int, fresh: bool = False) -> float:
 
 
 def run_ours(rank, world, args, move):
+    import faulthandler
     import functools
+
+    faulthandler.enable()   # a native abort in a rank prints the Python stack it happened under
 
     from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, reshard, shard
 
