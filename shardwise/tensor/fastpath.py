@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 _SCALARS = (int, float, bool)
-_SLOW = object()  # this key never qualifies: go straight to the full path
+_SLOW = (None, "slow")  # this key never qualifies: go straight to the full path
 
 
 class FastPath:
