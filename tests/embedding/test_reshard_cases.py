@@ -125,3 +125,20 @@ def test_invalid_changes_raise_everywhere_and_change_nothing():
         assert "differ across ranks" in results[0]["differ"][0]
         assert results[0]["not_dict"][0].startswith("TypeError")
         assert "max_bytes_per_rank" in results[0]["memory"][0]
+
+
+def no_optimizer(rank, world):
+    """A collection sharded without an optimizer reshards its weights alone."""
+    mesh = mesh_for(world, 1)
+    ebc = common.make_ebc(seed=10)
+    mod = shard(ebc, common.plans(world)["mixed"], mesh=mesh)
+    changes = {"t_a": column_wise([1, 0]), "t_c": table_wise(0), "t_b": row_wise([1])}
+    stats = reshard(mod, changes)
+    kjt = common.make_batch(60 + rank, 3, False)
+    want = ebc(kjt).values()
+    return stats.tables_moved, (mod(kjt).values() - want).abs().max().item()
+
+
+def test_reshard_without_optimizer():
+    for moved, err in run_on_ranks(no_optimizer, 2, timeout=120.0):
+        assert moved == ["t_a", "t_b", "t_c"] and err < 1e-6
