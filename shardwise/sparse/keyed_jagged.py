@@ -39,6 +39,10 @@ class KeyedJaggedTensor:
 
     def __init__(self, keys, values, lengths=None, offsets=None, weights=None, stride=None):
         keys = _check_keys(keys)
+        if isinstance(values, torch.Tensor) and (values.dtype.is_floating_point or values.dtype.is_complex
+                                                 or values.dtype == torch.bool):
+            raise TypeError(f"KeyedJaggedTensor: values are ids and must have an integer dtype, got {values.dtype}; "
+                            "cast them with .long()")
         lengths, offsets = check_jagged(values, lengths, offsets, weights, "KeyedJaggedTensor")
         n = lengths.numel()
         if keys:

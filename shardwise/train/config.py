@@ -43,6 +43,8 @@ class TrainConfig:
     eval_examples: int = 8192
     log_every: int = 10
     quiet: bool = False
+    # seconds a collective may wait for a missing rank before every waiting rank fails loudly
+    collective_timeout: float = 600.0
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "rows", "dim", "eval_examples", "log_every"):
@@ -57,6 +59,8 @@ class TrainConfig:
             raise ValueError(f"reshard_at={self.reshard_at!r} must be an int >= 0 (0 turns resharding off)")
         if self.dense_parallel not in _DENSE_MODES:
             raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
+        if not isinstance(self.collective_timeout, (int, float)) or self.collective_timeout <= 0:
+            raise ValueError(f"collective_timeout={self.collective_timeout!r} must be a positive number of seconds")
         if self.rows < 8:
             raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
 

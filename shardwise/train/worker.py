@@ -42,17 +42,20 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", type=int, default=d.rows, help="rows of the largest table (default %(default)s)")
     p.add_argument("--dim", type=int, default=d.dim, help="embedding dimension (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
+    p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
+                   help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
 
 
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     return TrainConfig(steps=ns.steps, batch_size=ns.batch_size, out=ns.out, reshard_at=ns.reshard_at,
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
-                       quiet=ns.quiet)
+                       quiet=ns.quiet, collective_timeout=ns.collective_timeout)
 
 
-def _init_process_group():
-    """Join the group the launcher describes in the environment; device from the backend."""
+def _init_process_group(timeout_s: float = 600.0):
+    """Join the group the launcher describes in the environment; device from the backend. A rank that
+    never joins a collective makes the others fail after ``timeout_s`` seconds instead of hanging."""
     from torch.distributed.device_mesh import init_device_mesh
 
     use_cuda = torch.cuda.is_available()
@@ -67,9 +70,10 @@ def _init_process_group():
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
                                   timeout=timedelta(minutes=10))
             dist.init_process_group(backend, store=dist.PrefixStore(f"shardwise/attempt{restart}", store),
-                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+                                    rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                    timeout=timedelta(seconds=timeout_s))
         else:
-            dist.init_process_group(backend)
+            dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     return init_device_mesh(device_type, (dist.get_world_size(),))
 
@@ -88,7 +92,7 @@ def run_worker(config_json: str) -> Optional[dict]:
     if not torch.cuda.is_available():
         # local processes share the cores: one thread each avoids oversubscription
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
-    mesh = _init_process_group()
+    mesh = _init_process_group(cfg.collective_timeout)
     try:
         from .loop import Trainer
 
