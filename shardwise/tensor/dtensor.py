@@ -150,6 +150,20 @@ class DTensor(torch.Tensor):
         spec = DTensorSpec(spec.mesh, spec.placements, outer_size, outer_stride, spec.dtype)
         return DTensor(inner["_local_tensor"], spec, requires_grad=requires_grad)
 
+    # torch.distributed.checkpoint protocol (see checkpoint.py)
+    def __create_write_items__(self, fqn: str, obj) -> list:
+        from .checkpoint import write_items
+
+        return write_items(fqn, self)
+
+    def __create_chunk_list__(self) -> list:
+        from .checkpoint import chunk
+
+        return [chunk(self)]
+
+    def __get_tensor_shard__(self, index) -> torch.Tensor:
+        return self._local_tensor
+
     @property
     def placements(self) -> tuple[Placement, ...]:
         return self._spec.placements
