@@ -229,8 +229,11 @@ class DTensor(torch.Tensor):
         return _Redistribute.apply(self, placements)
 
     def full_tensor(self) -> torch.Tensor:
-        """The whole tensor on every rank (gathers/reduces as needed); differentiable."""
+        """The whole tensor on every rank (gathers/reduces as needed; always a new tensor); differentiable."""
         full = tuple(Replicate() for _ in self._spec.placements)
+        if self._spec.placements == full:
+            # a snapshot, never an alias of the live local tensor (which an optimizer may update)
+            return self.to_local().clone()
         return self.redistribute(self._spec.mesh, full).to_local()
 
     # -- interop with torch.distributed.tensor ----------------------------------------------------
