@@ -8,7 +8,7 @@ Prints one JSON line per measurement and one per plan with the ratios.
     SHARDWISE_TORCHREC_PYTHON=/tmp/torchrec-venv/bin/python .venv/bin/python benchmarks/ebc.py
 
 TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON; build one
-with /work/shared/peers/torchrec-venv.sh); without one it is skipped with a message.
+with ../shared/peers/torchrec-venv.sh); without one it is skipped with a message.
 This file must import nothing from shardwise at module level: the TorchRec interpreter runs it too.
 """
 
