@@ -83,3 +83,15 @@ def _vector_norm(op, m):
 @_on(aten._foreach_norm.Scalar)
 def _foreach_norm(op, m):
     return [S([m.f(5, 3), m.f(2), m.f(3, 1)], 2.0), S([m.f(5, 3), m.f(4)], float("inf"))]
+
+
+# --- slicing backward (gradients scattered into zeros) ------------------------------------------------
+
+@_on(aten.slice_backward.default)
+def _slice_backward(op, m):
+    return [S(m.f(6, 3), [6, 5], 1, 1, 4, 1), S(m.f(3, 5), [6, 5], 0, 0, 5, 2), S(m.f(5, 2), [7, 2], 0, 2, 7, 1)]
+
+
+@_on(aten.select_backward.default)
+def _select_backward(op, m):
+    return [S(m.f(5), [6, 5], 0, 2), S(m.f(7), [7, 3], 1, -1)]

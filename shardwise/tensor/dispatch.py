@@ -81,8 +81,10 @@ class OpDispatcher:
             elif isinstance(a, torch.Tensor):
                 key.append((a.shape, a.dtype))
             elif type(a) is list or type(a) is tuple:
-                if a and isinstance(a[0], torch.Tensor):
-                    key.append(tuple(x._spec if isinstance(x, cls) else (x.shape, x.dtype) for x in a))
+                if a and (isinstance(a[0], torch.Tensor) or any(isinstance(x, torch.Tensor) for x in a)):
+                    # tensors never enter a key by identity (aten.index takes [None, idx] lists)
+                    key.append(tuple(x._spec if isinstance(x, cls) else (x.shape, x.dtype)
+                                     if isinstance(x, torch.Tensor) else x for x in a))
                     local_args[i] = [x._local_tensor if isinstance(x, cls) else x for x in a]
                 elif insensitive and a and type(a[0]) in _SCALARS:
                     key.append(type(a[0]))

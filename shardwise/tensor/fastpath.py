@@ -88,10 +88,12 @@ class FastPath:
                     return None, None
                 key.append(k)
                 key.append(type(v) if insensitive and type(v) in _SCALARS else v)
+        key = tuple(key)
         try:
-            return tuple(key), local_args
+            hash(key)  # e.g. slices (indexing) are unhashable before Python 3.12: take the full path
         except TypeError:
             return None, None
+        return key, local_args
 
     def _learn(self, key, func, args, kwargs):
         disp = self.dispatcher

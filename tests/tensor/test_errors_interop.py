@@ -129,3 +129,37 @@ def caching(rank, world):
 def test_cache_hits_for_new_scalars_and_opt_in_fallback():
     for misses, hits, fallback_ok in run_on_ranks(caching, 2):
         assert misses == 0 and hits == 6 and fallback_ok
+
+
+def indexing(rank, world):
+    from shardwise.tensor import Shard, distribute_tensor, propagation_cache
+
+    mesh = worker_mesh((world,))
+    full = torch.arange(12.0).reshape(4, 3)
+    d = distribute_tensor(full, mesh, [Shard(1)])
+    out = {}
+    with torch.no_grad():  # the fast path must not choke on unhashable indices (slices)
+        out["slice"] = torch.equal(d[0:2].full_tensor(), full[0:2])
+        out["select"] = torch.equal(d[1].full_tensor(), full[1])
+        d[0:1] = 5.0
+        expect = full.clone()
+        expect[0:1] = 5.0
+        out["setitem"] = torch.equal(d.full_tensor(), expect)
+    e = distribute_tensor(full, mesh, [Shard(1)]).requires_grad_()
+    e[1:3].sum().backward()
+    g = torch.zeros(4, 3)
+    g[1:3] = 1
+    out["grad"] = torch.equal(e.grad.full_tensor(), g)
+    before = len(propagation_cache().plans)
+    for _ in range(3):  # tensors inside list arguments must not enter cache keys by identity
+        try:
+            d[torch.tensor([0, 2])]
+        except ValueError as e:  # a plain index tensor must be made a DTensor first
+            out["index_error"] = "plain torch.Tensor of shape (2,)" in str(e)
+    out["bounded"] = len(propagation_cache().plans) - before <= 1
+    return out
+
+
+def test_indexing_with_and_without_autograd():
+    for res in run_on_ranks(indexing, 2):
+        assert all(res.values()), res

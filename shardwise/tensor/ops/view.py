@@ -197,3 +197,20 @@ def cat_rule(schema, mesh_size):
 def new_factory_rule(schema, mesh_size):
     # a new tensor of a given size: replicated regardless of the source's layout
     return [Strategy((R,), (None,))]
+
+
+def _slice_backward_rule(schema, mesh_size):
+    # (grad, input_sizes, dim, ...): the gradient is scattered into zeros along `dim`; other dims
+    # keep their layout, and a pending gradient stays pending (zeros add nothing)
+    grad = schema.tensor_args[0]
+    out_ndim = len(schema.args[1])
+    dim = normalize_dim(schema.args[2], out_ndim)
+    if schema.op is aten.select_backward.default:
+        mapping = {g: (g if g < dim else g + 1) for g in range(grad.ndim)}
+    else:
+        mapping = {g: g for g in range(grad.ndim) if g != dim}
+    return _mapped(grad, mapping, LINEAR_PARTIALS)
+
+
+register_rule(aten.slice_backward.default, aten.select_backward.default, local=size_sub_local(1))(
+    _slice_backward_rule)
