@@ -9,7 +9,7 @@ The cache is bounded (oldest entries evicted first).
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -20,9 +20,21 @@ from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
 from .spec import DTensorSpec, mesh_coord, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache"]
+__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor"]
 
 _SCALARS = (int, float, bool, complex)
+
+
+def has_tensor(seq) -> bool:
+    return bool(seq) and (isinstance(seq[0], torch.Tensor) or any(isinstance(x, torch.Tensor) for x in seq))
+
+
+def seq_key(seq, cls) -> tuple[tuple, list]:
+    """Cache-key part and local list of a list argument holding tensors. Tensors enter keys by spec
+    (DTensor) or shape/dtype (plain), never by identity (aten.index takes ``[None, idx]`` lists)."""
+    part = tuple(x._spec if isinstance(x, cls) else (x.shape, x.dtype) if isinstance(x, torch.Tensor) else x
+                 for x in seq)
+    return part, [x._local_tensor if isinstance(x, cls) else x for x in seq]
 
 
 class PropagationCache:
@@ -81,11 +93,9 @@ class OpDispatcher:
             elif isinstance(a, torch.Tensor):
                 key.append((a.shape, a.dtype))
             elif type(a) is list or type(a) is tuple:
-                if a and (isinstance(a[0], torch.Tensor) or any(isinstance(x, torch.Tensor) for x in a)):
-                    # tensors never enter a key by identity (aten.index takes [None, idx] lists)
-                    key.append(tuple(x._spec if isinstance(x, cls) else (x.shape, x.dtype)
-                                     if isinstance(x, torch.Tensor) else x for x in a))
-                    local_args[i] = [x._local_tensor if isinstance(x, cls) else x for x in a]
+                if has_tensor(a):
+                    part, local_args[i] = seq_key(a, cls)
+                    key.append(part)
                 elif insensitive and a and type(a[0]) in _SCALARS:
                     key.append(type(a[0]))
                 else:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .dispatch import has_tensor, seq_key
+
 _SCALARS = (int, float, bool)
 _SLOW = (None, "slow")  # this key never qualifies: go straight to the full path
 
@@ -71,11 +73,11 @@ class FastPath:
                     return None, None  # let the full path raise its error
                 key.append((a.dtype,))
             elif type(a) is list or type(a) is tuple:
-                if a and isinstance(a[0], torch.Tensor):
-                    if not all(isinstance(x, cls) for x in a):
-                        return None, None
-                    key.append(tuple(x._spec for x in a))
-                    local_args[i] = [x._local_tensor for x in a]
+                if has_tensor(a):
+                    if any(isinstance(x, torch.Tensor) and not isinstance(x, cls) for x in a):
+                        return None, None  # plain tensors in a list: the full path decides
+                    part, local_args[i] = seq_key(a, cls)
+                    key.append(part)
                 else:
                     key.append(tuple(a))
             elif insensitive and type(a) in _SCALARS:
