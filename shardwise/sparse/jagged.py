@@ -77,7 +77,33 @@ def check_jagged(
     return lengths, offsets
 
 
-class JaggedTensor:
+class _JaggedAccessors:
+    """The (values, lengths, offsets, weights) accessors shared by the jagged types."""
+
+    _values: torch.Tensor
+    _lengths: torch.Tensor
+    _offsets: torch.Tensor
+    _weights: Optional[torch.Tensor]
+
+    def values(self) -> torch.Tensor:
+        return self._values
+
+    def lengths(self) -> torch.Tensor:
+        return self._lengths
+
+    def offsets(self) -> torch.Tensor:
+        return self._offsets
+
+    def weights(self) -> torch.Tensor:
+        if self._weights is None:
+            raise ValueError(f"this {type(self).__name__} has no weights; use weights_or_none()")
+        return self._weights
+
+    def weights_or_none(self) -> Optional[torch.Tensor]:
+        return self._weights
+
+
+class JaggedTensor(_JaggedAccessors):
     """A batch of variable-length bags for one feature.
 
     Example:
@@ -98,23 +124,6 @@ class JaggedTensor:
     @classmethod
     def from_offsets(cls, values, offsets, weights=None) -> "JaggedTensor":
         return cls(values, offsets=offsets, weights=weights)
-
-    def values(self) -> torch.Tensor:
-        return self._values
-
-    def lengths(self) -> torch.Tensor:
-        return self._lengths
-
-    def offsets(self) -> torch.Tensor:
-        return self._offsets
-
-    def weights(self) -> torch.Tensor:
-        if self._weights is None:
-            raise ValueError("this JaggedTensor has no weights; use weights_or_none()")
-        return self._weights
-
-    def weights_or_none(self) -> Optional[torch.Tensor]:
-        return self._weights
 
     def to_dense(self) -> list[torch.Tensor]:
         return list(torch.split(self._values, self._lengths.tolist()))

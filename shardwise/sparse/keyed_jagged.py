@@ -6,7 +6,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .jagged import JaggedTensor, check_jagged
+from .jagged import JaggedTensor, _JaggedAccessors, check_jagged
 
 __all__ = ["KeyedJaggedTensor"]
 
@@ -24,7 +24,7 @@ def _check_keys(keys) -> list[str]:
     return keys
 
 
-class KeyedJaggedTensor:
+class KeyedJaggedTensor(_JaggedAccessors):
     """Bags of ids for several features over one batch.
 
     Values are laid out key-major: all bags of ``keys[0]`` (sample 0..B-1), then ``keys[1]``...
@@ -103,23 +103,6 @@ class KeyedJaggedTensor:
     # ---- accessors ----------------------------------------------------------------------------
     def keys(self) -> list[str]:
         return list(self._keys)
-
-    def values(self) -> torch.Tensor:
-        return self._values
-
-    def lengths(self) -> torch.Tensor:
-        return self._lengths
-
-    def offsets(self) -> torch.Tensor:
-        return self._offsets
-
-    def weights(self) -> torch.Tensor:
-        if self._weights is None:
-            raise ValueError("this KeyedJaggedTensor has no weights; use weights_or_none()")
-        return self._weights
-
-    def weights_or_none(self) -> Optional[torch.Tensor]:
-        return self._weights
 
     def stride(self) -> int:
         """Batch size B (bags per key)."""
