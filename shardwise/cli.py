@@ -65,9 +65,10 @@ def _cmd_train(ns) -> int:
     from .train.checkpoint import resume_point
     from .train.data import CriteoTSV
     from .train.launch import launch
-    from .train.worker import config_from_args
+    from .train.worker import check_output_paths, config_from_args
 
     cfg = config_from_args(ns)
+    check_output_paths(cfg)
     if cfg.data:
         CriteoTSV(cfg.data)   # a malformed file fails here, before any process starts
     if cfg.resume:
@@ -89,6 +90,8 @@ def _cmd_plan(ns) -> int:
     for name in ("tables", "rows", "dim", "world", "batch_size"):
         if getattr(ns, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(ns, name)} must be >= 1")
+    if not ns.memory_mb > 0:   # also catches nan
+        raise ValueError(f"--memory-mb={ns.memory_mb} must be > 0 (MiB of embedding memory per rank)")
     tables = [EmbeddingBagConfig(f"t{i}", ns.rows, ns.dim, [f"f{i}"]) for i in range(ns.tables)]
     planner = EmbeddingShardingPlanner(ns.world, int(ns.memory_mb * 2**20), batch_size_per_rank=ns.batch_size,
                                        ids_per_bag=1.0)

@@ -61,6 +61,10 @@ class TrainConfig:
             raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
         if not isinstance(self.collective_timeout, (int, float)) or self.collective_timeout <= 0:
             raise ValueError(f"collective_timeout={self.collective_timeout!r} must be a positive number of seconds")
+        # numpy's SeedSequence takes no negative seed and torch.manual_seed none past 64 bits: a bad seed
+        # would otherwise fail inside every worker, after the launch
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed={self.seed!r} must be an int in [0, 2**63); pick e.g. --seed 0")
         if self.rows < 8:
             raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
 

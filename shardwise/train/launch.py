@@ -38,6 +38,10 @@ def launch(cfg: TrainConfig, nproc_per_node: int = 2, nnodes: str = "1", rdzv_en
         raise ValueError(f"--nnodes={nnodes!r}: need 1 <= MIN <= MAX")
     if max_nodes > 1 and not rdzv_endpoint:
         raise ValueError(f"--nnodes={nnodes} needs --rdzv-endpoint HOST:PORT (the same on every machine)")
+    if node_rank is not None and not 0 <= node_rank < max_nodes:
+        # rendezvous would wait for a machine rank that can never complete the group
+        raise ValueError(f"--node-rank={node_rank} must be in [0, {max_nodes}) for --nnodes={nnodes}; "
+                         f"give each machine its own rank or leave --node-rank out")
     single = max_nodes == 1 and not rdzv_endpoint
     lc = LaunchConfig(
         min_nodes=min_nodes, max_nodes=max_nodes, nproc_per_node=nproc_per_node,

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from .config import TrainConfig
 
-__all__ = ["main", "run_worker", "add_train_arguments", "config_from_args"]
+__all__ = ["main", "run_worker", "add_train_arguments", "config_from_args", "check_output_paths"]
 
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
@@ -51,6 +51,22 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
                        quiet=ns.quiet, collective_timeout=ns.collective_timeout)
+
+
+def check_output_paths(cfg: TrainConfig) -> None:
+    """Fail before the launch when the report or checkpoint folder cannot be written: otherwise the
+    first checkpoint save, or the report at the very end, would throw the training away."""
+    for flag, path in (("--out", cfg.out), ("--checkpoint-dir", cfg.checkpoint_path)):
+        p = os.path.abspath(path)
+        if os.path.exists(p) and not os.path.isdir(p):
+            raise ValueError(f"{flag} {path!r} is a file, not a folder; pass a folder path (it is created "
+                             f"if missing)")
+        parent = p
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {path!r}: {parent!r} is not a writable folder; pass a path you can "
+                             f"write to")
 
 
 def _init_process_group(timeout_s: float = 600.0):
@@ -109,6 +125,7 @@ def main(argv=None) -> int:
     if "RANK" not in os.environ:
         p.error("not launched by torchrun (no RANK in the environment); use `shardwise train` locally or "
                 "`torchrun --nproc-per-node N -m shardwise.train.worker ...`")
+    check_output_paths(cfg)
     run_worker(cfg.to_json())
     return 0
 
