@@ -45,6 +45,12 @@ def check_jagged(
                         f"{'' if not isinstance(values, torch.Tensor) else ' of shape ' + str(tuple(values.shape))}")
     if lengths is None and offsets is None:
         raise ValueError(f"{what}: pass lengths or offsets (neither was given)")
+    # before any .item(): a tensor on another device fails there with torch's message, naming nothing
+    for name, t in (("lengths", lengths), ("offsets", offsets), ("weights", weights)):
+        if isinstance(t, torch.Tensor) and t.device != values.device:
+            raise ValueError(f"{what}: {name} are on {t.device} but values on {values.device}; move them "
+                             f"with .to(values.device)")
+    lengths_given = lengths is not None
     if lengths is not None:
         lengths = _as_index_tensor(f"{what}: lengths", lengths, values.device).long()
         if lengths.numel() and bool((lengths < 0).any()):
@@ -67,13 +73,18 @@ def check_jagged(
             raise ValueError(f"{what}: offsets must be non-decreasing, got {offsets.tolist()}")
     total = int(offsets[-1].item())
     if total != values.numel():
-        raise ValueError(f"{what}: lengths sum to {total} but there are {values.numel()} values; "
+        given = "lengths sum to" if lengths_given else "offsets end at"
+        raise ValueError(f"{what}: {given} {total} but there are {values.numel()} values; "
                          f"the lengths must add up to the number of values")
     if weights is not None:
         if not isinstance(weights, torch.Tensor) or weights.shape != values.shape:
             got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
             raise ValueError(f"{what}: weights must have one entry per value ({values.numel()}), got {got}; "
                              f"pass one weight per id")
+        if not weights.dtype.is_floating_point:
+            # embedding_bag multiplies rows by them: integer weights fail (or truncate) deep in the lookup
+            raise TypeError(f"{what}: weights must have a floating-point dtype, got {weights.dtype}; cast them "
+                            f"with .float()")
     return lengths, offsets
 
 

@@ -61,37 +61,45 @@ def shard_not_an_ebc(rank, world):
 
 
 def shard_plan_missing_table(rank, world):
-    return lambda: shard(_ebc(), {"ta": row_wise()}), []
+    ebc = _ebc()
+    return lambda: shard(ebc, {"ta": row_wise()}), [ebc]
 
 
 def shard_plan_entry_wrong_type(rank, world):
-    return lambda: shard(_ebc(), {"ta": row_wise(), "tb": "table_wise"}), []
+    ebc = _ebc()
+    return lambda: shard(ebc, {"ta": row_wise(), "tb": "table_wise"}), [ebc]
 
 
 def shard_rank_outside_world(rank, world):
-    return lambda: shard(_ebc(), {"ta": row_wise(), "tb": table_wise(world)}), []
+    ebc = _ebc()
+    return lambda: shard(ebc, {"ta": row_wise(), "tb": table_wise(world)}), [ebc]
 
 
 def shard_column_ranks_outside_world(rank, world):
-    return lambda: shard(_ebc(), {"ta": column_wise([0, world]), "tb": table_wise(0)}), []
+    ebc = _ebc()
+    return lambda: shard(ebc, {"ta": column_wise([0, world]), "tb": table_wise(0)}), [ebc]
 
 
 def shard_unsupported_optimizer(rank, world):
-    return lambda: shard(_ebc(), _plan(), optimizer=torch.optim.RMSprop), []
+    ebc = _ebc()
+    return lambda: shard(ebc, _plan(), optimizer=torch.optim.RMSprop), [ebc]
 
 
 def shard_sgd_momentum(rank, world):
-    return lambda: shard(_ebc(), _plan(), optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)), []
+    ebc = _ebc()
+    return lambda: shard(ebc, _plan(), optimizer=functools.partial(torch.optim.SGD, lr=0.1, momentum=0.9)), [ebc]
 
 
 def shard_rowwise_adagrad_on_columns(rank, world):
-    return lambda: shard(_ebc(), {"ta": column_wise([0, 1]), "tb": table_wise(0)}, optimizer=RowWiseAdagrad), []
+    ebc = _ebc()
+    return lambda: shard(ebc, {"ta": column_wise([0, 1]), "tb": table_wise(0)}, optimizer=RowWiseAdagrad), [ebc]
 
 
 def shard_plan_differs_one_rank(rank, world):
     plan = {"ta": row_wise(), "tb": table_wise(1 if rank == world - 1 else 0)}
     mesh = short_timeout_mesh()
-    return lambda: shard(_ebc(), plan, mesh=mesh)(_kjt()).values().sum().backward(), []
+    ebc = _ebc()
+    return lambda: shard(ebc, plan, mesh=mesh)(_kjt()).values().sum().backward(), [ebc]
 
 
 def shard_tables_differ_one_rank(rank, world):
@@ -99,7 +107,7 @@ def shard_tables_differ_one_rank(rank, world):
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection([EmbeddingBagConfig("ta", rows, 4, ["fa"]), EmbeddingBagConfig("tb", 7, 4, ["fb"])])
     mesh = short_timeout_mesh()
-    return lambda: shard(ebc, _plan(), mesh=mesh)(_kjt()).values().sum().backward(), []
+    return lambda: shard(ebc, _plan(), mesh=mesh)(_kjt()).values().sum().backward(), [ebc]
 
 
 # ---- forward on this rank's batch ----------------------------------------------------------------
@@ -156,6 +164,13 @@ def load_wrong_shape_second_table(rank, world):
     s = _sharded()
     _train_one_step(s)
     sd = {"embedding_bags.ta.weight": torch.zeros(10, 4), "embedding_bags.tb.weight": torch.zeros(8, 4)}
+    return lambda: s.load_state_dict(sd), _state(s)
+
+
+def load_value_not_a_tensor(rank, world):
+    s = _sharded()
+    _train_one_step(s)
+    sd = {"embedding_bags.ta.weight": [[0.0] * 4] * 10, "embedding_bags.tb.weight": torch.zeros(7, 4)}
     return lambda: s.load_state_dict(sd), _state(s)
 
 
@@ -221,6 +236,28 @@ def kjt_bad_values():
         (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]))["b"], KeyError, "is not in this"),
         (lambda: JaggedTensor(v, lengths=torch.tensor([2, 2])), ValueError, "lengths sum to 4"),
         (lambda: JaggedTensor(v), ValueError, "pass lengths or offsets"),
+        # wrong device: no accelerator here, the meta device stands in for "not where the values are"
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3], device="meta")), ValueError,
+         "lengths are on meta but values on cpu"),
+        (lambda: KeyedJaggedTensor(["a"], v.to("meta"), lengths=torch.tensor([3])), ValueError,
+         "lengths are on cpu but values on meta"),
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]), weights=torch.ones(3, device="meta")),
+         ValueError, "weights are on meta"),
+        (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([0, 1]), lengths=torch.tensor([3])),
+         ValueError, "offsets [0, 1] do not match lengths [3]"),
+        (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([0, 2])), ValueError,
+         "offsets end at 2 but there are 3 values"),
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([[3]])), ValueError, "must be 1-D"),
+        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]), weights=torch.ones(3, dtype=torch.long)),
+         TypeError, "weights must have a floating-point dtype, got torch.int64"),
+        (lambda: KeyedJaggedTensor("ab", v, lengths=torch.tensor([1, 2])), TypeError, "list of feature names"),
+        (lambda: KeyedJaggedTensor(["a", "b"], v, lengths=torch.tensor([1, 2])).permute([0, 0]), ValueError,
+         "keys must be unique"),
+        (lambda: KeyedJaggedTensor(["a", "b"], v, lengths=torch.tensor([1, 2])).split([3, -1]), ValueError,
+         "must be non-negative ints"),
+        (lambda: KeyedJaggedTensor.from_jt_dict({"a": JaggedTensor(v, lengths=torch.tensor([3])),
+                                                 "b": JaggedTensor(v, lengths=torch.tensor([1, 2]))}),
+         ValueError, "batch sizes differ per key"),
     ]
 
 

@@ -55,8 +55,14 @@ ROWS = [
     ("rebalance_negative_budget", ValueError, "max_bytes=-1"),
 ]
 
+KNOWN_BUGS = [
+    pytest.param("load_value_not_a_tensor", TypeError, "embedding_bags.ta.weight", marks=pytest.mark.xfail(
+        strict=True, reason="load_state_dict reads .shape of every value: a list raises a bare AttributeError "
+        "naming neither the key nor the rule (embedding, shardwise/embedding/sharded.py load_state_dict)")),
+]
 
-@pytest.mark.parametrize("case, exc, fragment", ROWS)
+
+@pytest.mark.parametrize("case, exc, fragment", ROWS + KNOWN_BUGS)
 def test_bad_input_fails_identically_on_every_rank(case, exc, fragment):
     results = run_on_ranks(run_case, 2, MOD, case, timeout=ROW_TIMEOUT)
     check_rows(results, exc, fragment)
