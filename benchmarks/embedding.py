@@ -5,8 +5,9 @@ Replicate (one all-reduce). ``fwd`` times the lookup + reduction; ``fwd_bwd`` ad
 fixed output gradient. The hand-written lookup masks ids outside the local rows, looks up the clamped
 local ids, zeroes the masked rows by a 0/1 multiply and all-reduces (``dist.all_reduce``); it is the
 floor for any row-wise scheme. ``unsharded`` is plain F.embedding on the whole table, timed on rank 0
-alone. Medians (us per call) after a warm-up round, variants timed round-robin so background load
-hits them alike; one thread per rank; one JSON line per (config, mode).
+alone. Medians (us per call) after a warm-up round, variants timed round-robin (rotating order) so
+background load hits them alike; ratios between sharded variants are the median of per-round ratios
+(paired: both timed in the same round); one thread per rank; one JSON line per (config, mode).
 
     python benchmarks/embedding.py                  # worlds 2 and 4, V in {1e4, 1e6}, dim in {64, 128}
     python benchmarks/embedding.py --worlds 2 --rows 10000 --dims 64
@@ -51,19 +52,26 @@ def _hand_lookup(weight, ids, start):
 
 def _timing(v: int) -> dict:
     # keep the default run to minutes: few, longer calls for the big tables
-    return dict(rounds=3, inner=2) if v >= 100_000 else dict(rounds=9, inner=15)
+    return dict(rounds=5, inner=2) if v >= 100_000 else dict(rounds=21, inner=10)
 
 
-def _interleaved(fns: dict, rounds: int, inner: int, sync=None) -> dict:
-    """Median us per call of each fn, timing one block of each per round (round-robin), so load
-    from other processes hits every variant alike; the first round is warm-up."""
+def _interleaved(fns: dict, rounds: int, inner: int, sync=None) -> tuple[dict, dict]:
+    """(median us per call of each fn, per-round samples). One block of each fn per round, the order
+    rotating from round to round, so load from other processes hits every variant alike; the first
+    round is warm-up."""
     samples = {k: [] for k in fns}
+    names = list(fns)
     for r in range(rounds + 1):
-        for k, fn in fns.items():
-            t = time_us(fn, warmup=inner if r == 0 else 0, reps=1, inner=inner, sync=sync)
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t = time_us(fns[k], warmup=inner if r == 0 else 0, reps=1, inner=inner, sync=sync)
             if r:
                 samples[k].append(t)
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return {k: statistics.median(v) for k, v in samples.items()}, samples
+
+
+def _paired_ratio(samples: dict, a: str, b: str) -> float:
+    """Median over rounds of a/b timed in the same round: robust to load that drifts between rounds."""
+    return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
 
 
 def _variants(rank, world, mesh, tmesh, v, d, n_ids):
@@ -107,26 +115,27 @@ def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
     variants, ids, grad = _variants(rank, world, mesh, tmesh, v, d, n_ids)
     timing = _timing(v)
     with torch.no_grad():
-        fwd = _interleaved({k: fn for k, (fn, _) in variants.items()}, sync=dist.barrier, **timing)
-    bwd = _interleaved({k: _fwd_bwd(fn, w, grad) for k, (fn, w) in variants.items()}, sync=dist.barrier, **timing)
-    results = {"fwd": fwd, "fwd_bwd": bwd}
+        fwd, fwd_s = _interleaved({k: fn for k, (fn, _) in variants.items()}, sync=dist.barrier, **timing)
+    bwd, bwd_s = _interleaved({k: _fwd_bwd(fn, w, grad) for k, (fn, w) in variants.items()}, sync=dist.barrier,
+                              **timing)
+    results = {"fwd": (fwd, fwd_s), "fwd_bwd": (bwd, bwd_s)}
     del variants
     gc.collect()
     if rank == 0:  # unsharded: the whole table on one rank, nobody to talk to
         table = torch.randn(v, d).requires_grad_()
         with torch.no_grad():
-            fwd["unsharded"] = _interleaved({"u": lambda: F.embedding(ids, table)}, **timing)["u"]
-        bwd["unsharded"] = _interleaved({"u": _fwd_bwd(lambda: F.embedding(ids, table), table, grad)}, **timing)["u"]
+            fwd["unsharded"] = _interleaved({"u": lambda: F.embedding(ids, table)}, **timing)[0]["u"]
+        bwd["unsharded"] = _interleaved({"u": _fwd_bwd(lambda: F.embedding(ids, table), table, grad)}, **timing)[0]["u"]
         del table
     dist.barrier()
     rows = []
-    for mode, t in results.items():
+    for mode, (t, per_round) in results.items():
         row = {"bench": "embedding_rowwise", "mode": mode, "world": world, "num_embeddings": v, "dim": d,
                "ids": n_ids}
         row.update({f"{k}_us": round(x, 1) for k, x in t.items()})
         if rank == 0:
-            row["ratio_ours/hand"] = round(t["ours"] / t["hand"], 3)
-            row["ratio_ours/torch_dtensor"] = round(t["ours"] / t["torch_dtensor"], 3)
+            row["ratio_ours/hand"] = round(_paired_ratio(per_round, "ours", "hand"), 3)
+            row["ratio_ours/torch_dtensor"] = round(_paired_ratio(per_round, "ours", "torch_dtensor"), 3)
             row["ratio_ours/unsharded"] = round(t["ours"] / t["unsharded"], 3)
         rows.append(row)
     return rows

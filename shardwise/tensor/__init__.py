@@ -10,6 +10,7 @@ Names mirror ``torch.distributed.tensor`` so code ports by changing the import.
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from . import ops as _ops  # noqa: F401  (registers the sharding rules)
+from .agreement import rank_checks
 from .collectives import CollectiveCounter
 from .dtensor import DTensor, distribute_tensor, propagation_cache, set_fallback, set_fast_path
 from .ops.embedding import EmbeddingIndexError, embedding_index_check
@@ -20,5 +21,5 @@ from .spec import DTensorSpec
 __all__ = [
     "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "Placement", "Shard",
     "Replicate", "Partial", "MaskPartial", "plan_redistribute", "CollectiveCounter", "propagation_cache",
-    "set_fallback", "set_fast_path", "EmbeddingIndexError", "embedding_index_check",
+    "set_fallback", "set_fast_path", "EmbeddingIndexError", "embedding_index_check", "rank_checks",
 ]

@@ -28,6 +28,7 @@ class CollectiveCounter:
 
     def __init__(self):
         self.counts: dict[str, int] = {}
+        self.donated = 0  # reductions that ran in a donated buffer instead of a copy
 
     def __enter__(self):
         CollectiveCounter._active.append(self)
@@ -41,9 +42,10 @@ class CollectiveCounter:
         return sum(self.counts.values())
 
     @staticmethod
-    def record(kind: str) -> None:
+    def record(kind: str, donated: bool = False) -> None:
         for c in CollectiveCounter._active:
             c.counts[kind] = c.counts.get(kind, 0) + 1
+            c.donated += donated
 
 
 def _group(mesh: DeviceMesh, mesh_dim: int):
@@ -58,11 +60,20 @@ def _pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(pad_shape)], dim=dim)
 
 
-def all_reduce(x: torch.Tensor, reduce_op: str, mesh: DeviceMesh, mesh_dim: int) -> torch.Tensor:
-    CollectiveCounter.record("all_reduce")
+def all_reduce(
+    x: torch.Tensor, reduce_op: str, mesh: DeviceMesh, mesh_dim: int, *, inplace: bool = False
+) -> torch.Tensor:
+    """Reduce over one mesh dim. ``inplace`` reuses ``x``'s buffer (the caller donates it: see
+    donation.py); otherwise the result is a new tensor and ``x`` is untouched."""
+    inplace = inplace and x.is_contiguous()
+    CollectiveCounter.record("all_reduce", donated=inplace)
     # gloo has no AVG: reduce with SUM and scale
     op = "sum" if reduce_op == "avg" else reduce_op
-    out = funcol.wait_tensor(funcol.all_reduce(x.contiguous(), op, _group(mesh, mesh_dim)))
+    group = _group(mesh, mesh_dim)
+    if inplace:
+        out = funcol.wait_tensor(torch.ops._c10d_functional.all_reduce_(x, op, group.group_name))
+        return out.div_(mesh.size(mesh_dim)) if reduce_op == "avg" else out
+    out = funcol.wait_tensor(funcol.all_reduce(x.contiguous(), op, group))
     if reduce_op == "avg":
         out = out / mesh.size(mesh_dim)
     return out

@@ -7,13 +7,16 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from .agreement import check_same_call, checks_enabled
 from .dispatch import OpDispatcher
+from .donation import donatable
 from .fastpath import FastPath
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
@@ -64,22 +67,27 @@ class _ToLocal(torch.autograd.Function):
         return DTensor._wrap(grad, gspec), None
 
 
+def _moved(x: "DTensor", placements, donate: bool) -> "DTensor":
+    src = x._spec
+    local = redistribute_local(x._local_tensor, src, placements, mesh_coord(src.mesh), donate)
+    return DTensor._wrap(local, src.with_placements(placements))
+
+
 class _Redistribute(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, placements):
-        src = x._spec
-        ctx.src = src
-        local = redistribute_local(x._local_tensor, src, placements, mesh_coord(src.mesh))
-        return DTensor._wrap(local, src.with_placements(placements))
+    def forward(ctx, x, placements, donate):
+        ctx.src = x._spec
+        return _moved(x, placements, donate)
 
     @staticmethod
     def backward(ctx, grad):
+        # never donated: autograd may hand the same gradient buffer to several consumers
         src = ctx.src
         target = _grad_placements(src.placements)
         if grad._spec.placements == target:
-            return grad, None
+            return grad, None, None
         local = redistribute_local(grad._local_tensor, grad._spec, target, mesh_coord(src.mesh))
-        return DTensor._wrap(local, grad._spec.with_placements(target)), None
+        return DTensor._wrap(local, grad._spec.with_placements(target)), None, None
 
 
 class DTensor(torch.Tensor):
@@ -207,6 +215,9 @@ class DTensor(torch.Tensor):
         if gathered is not None:
             _check_local_shapes(gathered, device_mesh, placements, shape)
         spec = DTensorSpec(device_mesh, placements, shape, stride, local_tensor.dtype)
+        if not (local_tensor.requires_grad and torch.is_grad_enabled()):
+            # nothing to record: skip the autograd.Function (a quarter of the cost of a small lookup)
+            return DTensor._wrap(local_tensor, spec)
         return _FromLocal.apply(local_tensor, spec)
 
     def to_local(self, *, grad_placements: Optional[Sequence[Placement]] = None) -> torch.Tensor:
@@ -216,17 +227,48 @@ class DTensor(torch.Tensor):
         gp = None if grad_placements is None else tuple(grad_placements)
         return _ToLocal.apply(self, gp)
 
-    def redistribute(self, device_mesh: Optional[DeviceMesh] = None, placements=None) -> "DTensor":
-        """Change the layout; differentiable (the backward is the adjoint redistribution)."""
+    def _target(self, device_mesh, placements) -> tuple:
+        """Validated target placements of a redistribute call."""
         mesh = device_mesh or self._spec.mesh
         if mesh is not self._spec.mesh and mesh != self._spec.mesh:
             raise ValueError(f"redistribute cannot move a DTensor to another mesh ({self._spec.mesh} -> {mesh})")
         if placements is None:
             raise ValueError("redistribute needs target placements, e.g. [Replicate()]")
-        placements = normalize_placements(placements, mesh.ndim, self.ndim)
+        return normalize_placements(placements, mesh.ndim, self.ndim)
+
+    def _agreed_target(self, device_mesh, placements) -> tuple:
+        """``_target``, after checking every rank asked the same (checked mode, see agreement.py)."""
+        try:
+            target, err = self._target(device_mesh, placements), None
+            asked = "(" + ", ".join(map(str, target)) + ")"
+        except (TypeError, ValueError) as e:
+            target, err, asked = None, e, f"an invalid call ({e})"
+        src = ", ".join(map(str, self._spec.placements))
+        request = f"({src}) -> {asked} of {tuple(self.shape)} {str(self.dtype).replace('torch.', '')}"
+        check_same_call(self._spec.mesh, "redistribute", request)
+        if err is not None:
+            raise err
+        return target
+
+    def redistribute(self, device_mesh: Optional[DeviceMesh] = None, placements=None) -> "DTensor":
+        """Change the layout; differentiable (the backward is the adjoint redistribution).
+
+        A temporary pending value (``F.embedding(ids, w).redistribute(mesh, [Replicate()])``) is reduced
+        in its own buffer; a value anything else still references is copied (see donation.py).
+        """
+        refs = sys.getrefcount(self)  # first, alone: pending call arguments would add references
+        return self._redistribute(device_mesh, placements, donatable(self, refs))
+
+    def _redistribute(self, device_mesh, placements, donate: bool) -> "DTensor":
+        if checks_enabled():
+            placements = self._agreed_target(device_mesh, placements)
+        else:
+            placements = self._target(device_mesh, placements)
         if placements == self._spec.placements:
             return self
-        return _Redistribute.apply(self, placements)
+        if not (self.requires_grad and torch.is_grad_enabled()):
+            return _moved(self, placements, donate)
+        return _Redistribute.apply(self, placements, donate)
 
     def full_tensor(self) -> torch.Tensor:
         """The whole tensor on every rank (gathers/reduces as needed; always a new tensor); differentiable."""
@@ -234,7 +276,8 @@ class DTensor(torch.Tensor):
         if self._spec.placements == full:
             # a snapshot, never an alias of the live local tensor (which an optimizer may update)
             return self.to_local().clone()
-        return self.redistribute(self._spec.mesh, full).to_local()
+        refs = sys.getrefcount(self)  # first, alone: pending call arguments would add references
+        return self._redistribute(self._spec.mesh, full, donatable(self, refs)).to_local()
 
     # -- interop with torch.distributed.tensor ----------------------------------------------------
     @staticmethod

@@ -114,15 +114,17 @@ def _to_partial(x: torch.Tensor, op: str, index: int) -> torch.Tensor:
     return x
 
 
-def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord) -> torch.Tensor:
-    """Run planned steps on the local tensor ``x`` of a tensor with global ``shape``."""
+def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, donate: bool = False) -> torch.Tensor:
+    """Run planned steps on the local tensor ``x`` of a tensor with global ``shape``. ``donate``: the
+    caller gives up ``x``, so a reduction may overwrite it (see donation.py)."""
     cur = list(src_placements)
     mesh_shape = tuple(mesh.shape)
+    owned = donate  # whether x is a buffer nobody else sees (donated, or made by an earlier step)
     for st in steps:
         i, s, d = st.mesh_dim, st.src, st.dst
         if isinstance(s, Partial):
             if type(d) is Replicate:
-                x = C.all_reduce(x, s.reduce_op, mesh, i)
+                x = C.all_reduce(x, s.reduce_op, mesh, i, inplace=owned)
             elif type(d) is Shard:
                 x = C.reduce_scatter_dim(x, s.reduce_op, d.dim, mesh, i, coord[i])
             else:
@@ -138,13 +140,15 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord) -> 
             x = x.narrow(d.dim, start, length)
         else:
             x = _to_partial(x, d.reduce_op, coord[i])
+        # an all-reduce or all-gather result is a fresh buffer; other steps may return views of x
+        owned = owned or type(d) is Replicate and isinstance(s, (Partial, Shard))
         cur[i] = d
     return x
 
 
-def redistribute_local(x: torch.Tensor, spec, dst_placements, coord) -> torch.Tensor:
+def redistribute_local(x: torch.Tensor, spec, dst_placements, coord, donate: bool = False) -> torch.Tensor:
     steps = plan_redistribute(spec.placements, tuple(dst_placements), tuple(spec.mesh.shape), spec.ndim)
-    return execute_plan(x, steps, spec.mesh, spec.shape, spec.placements, coord) if steps else x
+    return execute_plan(x, steps, spec.mesh, spec.shape, spec.placements, coord, donate) if steps else x
 
 
 def transition_cost(src: Placement, dst: Placement, nbytes: float, n: int) -> float:

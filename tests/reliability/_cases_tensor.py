@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from shardwise.tensor import DTensor, MaskPartial, Partial, Replicate, Shard, distribute_tensor
+from shardwise.tensor import DTensor, MaskPartial, Partial, Replicate, Shard, distribute_tensor, rank_checks
 from shardwise.testing import worker_mesh
 
 from ._runner import short_timeout_mesh
@@ -141,11 +141,35 @@ def redist_other_mesh(rank, world):
     return lambda: m.weight.redistribute(other, [Replicate(), Replicate()]), m
 
 
+def _checked(fn):
+    def call():
+        with rank_checks(True):
+            return fn()
+    return call
+
+
 def redist_targets_differ_one_rank(rank, world):
+    # checked mode: without it the ranks would run mismatched collectives (see agreement.py)
     mesh = short_timeout_mesh()
     w = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Shard(0)])
     pl = [Shard(1)] if rank == world - 1 else [Replicate()]
-    return lambda: w.redistribute(mesh, pl).full_tensor(), w
+    return _checked(lambda: w.redistribute(mesh, pl).full_tensor()), w
+
+
+def redist_target_invalid_one_rank(rank, world):
+    # checked mode: the rank with the bad argument still joins the check, so no rank is left waiting
+    mesh = short_timeout_mesh()
+    w = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Shard(0)])
+    pl = [Shard(3)] if rank == world - 1 else [Replicate()]
+    return _checked(lambda: w.redistribute(mesh, pl)), w
+
+
+def redist_noop_differs_one_rank(rank, world):
+    # one rank's call is a no-op (same layout) and would issue no collective at all
+    mesh = short_timeout_mesh()
+    w = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Shard(0)])
+    pl = [Shard(0)] if rank == world - 1 else [Replicate()]
+    return _checked(lambda: w.redistribute(mesh, pl)), w
 
 
 # ---- ops: mismatched operands, embedding lookups ------------------------------------------------

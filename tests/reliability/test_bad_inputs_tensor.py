@@ -43,18 +43,19 @@ ROWS = [
     ("embed_float_ids", RuntimeError, "indices"),
 ]
 
-KNOWN_BUGS = [
+RANK_MISMATCHES = [
     # rank-local layouts that differ are caught by distribute_tensor's metadata all-gather
     ("dist_shape_differs_one_rank", ValueError, "ranks disagree on the shape"),
     ("dist_dtype_differs_one_rank", ValueError, "ranks disagree on the dtype"),
     ("dist_placements_differ_one_rank", ValueError, "ranks disagree on the placements"),
-    pytest.param("redist_targets_differ_one_rank", ValueError, "placements", marks=pytest.mark.xfail(
-        strict=True, reason="ranks asking redistribute for different targets run mismatched collectives and "
-        "hang until the process-group timeout (tensor core, shardwise/tensor/dtensor.py redistribute)")),
+    # checked mode (shardwise.tensor.rank_checks): ranks compare their requests before moving data
+    ("redist_targets_differ_one_rank", ValueError, "rank 1: (S(0)) -> (S(1))"),
+    ("redist_target_invalid_one_rank", ValueError, "rank 1: (S(0)) -> an invalid call (S(3) on a 2-D tensor"),
+    ("redist_noop_differs_one_rank", ValueError, "ranks disagree (rank 0: (S(0)) -> (R)"),
 ]
 
 
-@pytest.mark.parametrize("case, exc, fragment", ROWS + KNOWN_BUGS)
+@pytest.mark.parametrize("case, exc, fragment", ROWS + RANK_MISMATCHES)
 def test_bad_input_fails_identically_on_every_rank(case, exc, fragment):
     results = run_on_ranks(run_case, 2, MOD, case, timeout=ROW_TIMEOUT)
     check_rows(results, exc, fragment)
