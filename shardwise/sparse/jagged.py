@@ -42,7 +42,8 @@ def check_jagged(
     """Validate a (values, lengths | offsets, weights) triple; return (lengths, offsets) as int64."""
     if not isinstance(values, torch.Tensor) or values.dim() != 1:
         raise TypeError(f"{what}: values must be a 1-D tensor, got {type(values).__name__}"
-                        f"{'' if not isinstance(values, torch.Tensor) else ' of shape ' + str(tuple(values.shape))}")
+                        f"{'' if not isinstance(values, torch.Tensor) else ' of shape ' + str(tuple(values.shape))}; "
+                        f"pass every bag's ids in one flat tensor (e.g. torch.tensor([4, 5, 6]) or t.flatten())")
     if lengths is None and offsets is None:
         raise ValueError(f"{what}: pass lengths or offsets (neither was given)")
     # before any .item(): a tensor on another device fails there with torch's message, naming nothing

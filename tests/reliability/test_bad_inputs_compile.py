@@ -29,14 +29,14 @@ ROWS = [
     ("lr_tensor", TypeError, "must be a Python float"),
 ]
 
-# ranks are compared before every trace (compile/api.py _check_ranks_agree)
-KNOWN_BUGS = [
+# ranks compare batch layout, lr and optimizer settings on every call (compile/api.py _check_ranks_agree)
+RANK_MISMATCHES = [
     ("batch_size_differs_one_rank", ValueError, "ranks disagree on the batch"),
     ("lr_differs_one_rank", ValueError, "ranks disagree on the lr"),
 ]
 
 
-@pytest.mark.parametrize("case, exc, fragment", ROWS + KNOWN_BUGS)
+@pytest.mark.parametrize("case, exc, fragment", ROWS + RANK_MISMATCHES)
 def test_bad_input_fails_identically_on_every_rank(case, exc, fragment):
     results = run_on_ranks(run_case, 2, MOD, case, timeout=ROW_TIMEOUT)
     check_rows(results, exc, fragment)
