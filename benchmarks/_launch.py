@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -11,6 +12,15 @@ import time
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# Imported before any process group exists, on purpose: torch.distributed.nn's functions take
+# ``group=group.WORLD`` defaults, evaluated when the module is first imported (shardwise and TorchRec
+# import it). Imported inside a rank, after init_process_group, those defaults pin the rank's default
+# group forever, so destroy_process_group cannot free it and gloo's worker threads outlive the rank's
+# code; if one of them drops a finished work (its tensors belong to Python) while the interpreter is
+# finalizing, it is killed inside a C++ destructor and the rank aborts with "terminate called without
+# an active exception".
+import torch.distributed.nn  # noqa: E402,F401
 
 
 def free_port() -> int:
@@ -29,6 +39,10 @@ def _entry(rank, world, port, fn, args, queue):
             queue.put(out)
     finally:
         dist.barrier()
+        # Modules in reference cycles (forward hooks) still hold the group; with them collected,
+        # destroy_process_group drops its last reference and the group's destructor joins gloo's
+        # worker threads while the interpreter is fully alive.
+        gc.collect()
         dist.destroy_process_group()
 
 
