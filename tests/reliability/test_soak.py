@@ -163,3 +163,38 @@ def test_demo_soak_memory_flat_and_caches_bounded():
 def test_soak_memory_flat_and_caches_bounded():
     results = run_on_ranks(_soak, 1, STEPS, timeout=600)
     _check_flat(results, "tensor-parallel soak")
+
+
+def _caches_under_new_shapes(rank, world, cap, shapes):
+    """Ops on ever-new shapes (each a new cache key) with the caps lowered to ``cap``: sizes seen."""
+    from shardwise.tensor import Replicate, Shard, distribute_tensor, propagation_cache
+    from shardwise.tensor.dtensor import _FASTPATH
+    from shardwise.tensor.redistribute import plan_redistribute
+
+    pc = propagation_cache()
+    saved = pc.max_size, _FASTPATH.max_size
+    pc.max_size = _FASTPATH.max_size = cap
+    # start empty: a pooled worker keeps earlier tests' entries, and eviction only holds the size
+    pc.clear()
+    _FASTPATH.plans.clear()
+    sizes = []
+    try:
+        mesh = worker_mesh((world,))
+        for n in range(1, shapes + 1):
+            x = distribute_tensor(torch.ones(n, 3), mesh, [Shard(0)])
+            with torch.no_grad():   # the fast path records only calls that need no autograd
+                y = (x * 2 + 1).sum(0)
+            y.redistribute(mesh, [Replicate()])
+            sizes.append((len(pc.plans), len(_FASTPATH.plans)))
+    finally:
+        pc.max_size, _FASTPATH.max_size = saved
+    return {"sizes": sizes, "redistribute_maxsize": plan_redistribute.cache_info().maxsize}
+
+
+def test_dtensor_caches_stay_within_their_caps_under_ever_new_shapes():
+    # a job whose shapes never repeat must not grow the caches without bound: they evict at their cap
+    # (lowered here to 16 so a few dozen shapes reach it; the real caps are 8192 / 8192 / 4096)
+    r = run_on_ranks(_caches_under_new_shapes, 1, 16, 60, timeout=120)[0]
+    assert max(p for p, _ in r["sizes"]) == 16 and max(f for _, f in r["sizes"]) == 16, r["sizes"]
+    assert r["sizes"][-1] == (16, 16)
+    assert r["redistribute_maxsize"] == 4096
