@@ -87,3 +87,17 @@ def test_every_waiting_worker_fails_within_the_configured_timeout():
         # gloo checks the deadline on the operation itself; slack for 2 busy cores
         assert r["seconds"] < TIMEOUT_S + 8, r
         assert r["seconds"] >= TIMEOUT_S * 0.9, f"rank {rank} failed before the timeout, not because of it: {r}"
+
+
+def test_torchrun_entry_checks_output_paths_before_joining_a_group(tmp_path, monkeypatch):
+    # `torchrun -m shardwise.train.worker` skips the CLI: the worker itself must refuse a file as --out
+    # before it joins the process group (no MASTER_ADDR here: joining would fail with another error)
+    from shardwise.train import worker
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("keep me")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(worker, "run_worker", lambda *a: pytest.fail("the worker started training"))
+    with pytest.raises(ValueError, match=r"--out .* is a file, not a folder"):
+        worker.main(["--out", str(blocker)])
+    assert blocker.read_text() == "keep me"
