@@ -7,6 +7,7 @@ by padding to a full chunk before the collective and trimming after it.
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -48,6 +49,9 @@ class CollectiveCounter:
             c.donated += donated
 
 
+_C10D_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
 def _group(mesh: DeviceMesh, mesh_dim: int):
     return mesh.get_group(mesh_dim)
 
@@ -71,8 +75,10 @@ def all_reduce(
     op = "sum" if reduce_op == "avg" else reduce_op
     group = _group(mesh, mesh_dim)
     if inplace:
-        out = funcol.wait_tensor(torch.ops._c10d_functional.all_reduce_(x, op, group.group_name))
-        return out.div_(mesh.size(mesh_dim)) if reduce_op == "avg" else out
+        # the c10d op itself: donation never happens under tracing, and the functional in-place op
+        # costs a Python autograd layer per call
+        dist.all_reduce(x, op=_C10D_OPS[op], group=group)
+        return x.div_(mesh.size(mesh_dim)) if reduce_op == "avg" else x
     out = funcol.wait_tensor(funcol.all_reduce(x.contiguous(), op, group))
     if reduce_op == "avg":
         out = out / mesh.size(mesh_dim)
