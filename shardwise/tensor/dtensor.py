@@ -197,7 +197,9 @@ class DTensor(torch.Tensor):
         torch.Size([4, 3])
         """
         if not isinstance(local_tensor, torch.Tensor) or isinstance(local_tensor, DTensor):
-            raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}")
+            raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}; wrap "
+                            "this rank's piece as a tensor (a DTensor is already distributed: use redistribute)")
+        _check_device(local_tensor, device_mesh, "from_local")
         if run_check:
             placements, gathered = _run_check_gather(local_tensor, device_mesh, placements)
         else:
@@ -313,6 +315,16 @@ def propagation_cache():
     return _DISPATCHER.cache
 
 
+def _check_device(local: torch.Tensor, mesh: DeviceMesh, what: str) -> None:
+    # a CPU mesh runs gloo on host memory, a CUDA mesh NCCL on device memory: a piece elsewhere
+    # (or a meta tensor, which holds no data) would fail later inside a collective, far from the cause
+    if local.device.type != mesh.device_type:
+        raise ValueError(
+            f"{what}: the local tensor is on {local.device} but the mesh is a {mesh.device_type!r} mesh; move it "
+            f"with .to({mesh.device_type!r}) first (a meta tensor must be materialized)"
+        )
+
+
 def _contiguous_stride(shape) -> tuple[int, ...]:
     stride, acc = [], 1
     for s in reversed(shape):
@@ -371,6 +383,11 @@ def distribute_tensor(
     """
     if isinstance(tensor, DTensor):
         raise TypeError("distribute_tensor got a DTensor; use .redistribute(mesh, placements) instead")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"distribute_tensor expects a torch.Tensor, got {type(tensor).__name__}; pass torch.tensor(...)")
+    if tensor.device.type == "meta":
+        raise ValueError("distribute_tensor: the tensor is on the meta device and holds no data to lay out; "
+                         "materialize it first (e.g. module.to_empty(device=...) then initialize)")
     if placements is None:
         placements = [Replicate()] * device_mesh.ndim
     placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
