@@ -6,6 +6,8 @@ by padding to a full chunk before the collective and trimming after it.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
@@ -13,7 +15,30 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .spec import chunk_range
 
-__all__ = ["all_reduce", "all_gather_dim", "reduce_scatter_dim", "all_to_all_dims", "CollectiveCounter"]
+__all__ = ["all_reduce", "all_gather_dim", "reduce_scatter_dim", "all_to_all_dims", "CollectiveCounter",
+           "CollectiveTimeoutError"]
+
+
+class CollectiveTimeoutError(RuntimeError):
+    """A collective waited past the process group's timeout: some rank never joined it."""
+
+
+@contextlib.contextmanager
+def _explained(kind: str, mesh: DeviceMesh, mesh_dim: int):
+    """Re-raise a backend timeout with what was waiting and how to find the cause (gloo's own
+    message names neither the collective nor the setting)."""
+    try:
+        yield
+    except RuntimeError as e:
+        if "timed out" not in str(e).lower() and "timeout" not in str(e).lower():
+            raise
+        raise CollectiveTimeoutError(
+            f"{kind} over mesh dim {mesh_dim} ({mesh.size(mesh_dim)} ranks) timed out: another rank never joined "
+            "it or issued a different collective. The wait is the process group's timeout "
+            "(init_process_group(timeout=...); `shardwise train --collective-timeout`). If ranks may ask "
+            "redistribute for different layouts, run with SHARDWISE_CHECK_RANKS=1 to name them. "
+            f"Backend error: {e}"
+        ) from e
 
 
 class CollectiveCounter:
@@ -77,9 +102,11 @@ def all_reduce(
     if inplace:
         # the c10d op itself: donation never happens under tracing, and the functional in-place op
         # costs a Python autograd layer per call
-        dist.all_reduce(x, op=_C10D_OPS[op], group=group)
+        with _explained("all_reduce", mesh, mesh_dim):
+            dist.all_reduce(x, op=_C10D_OPS[op], group=group)
         return x.div_(mesh.size(mesh_dim)) if reduce_op == "avg" else x
-    out = funcol.wait_tensor(funcol.all_reduce(x.contiguous(), op, group))
+    with _explained("all_reduce", mesh, mesh_dim):
+        out = funcol.wait_tensor(funcol.all_reduce(x.contiguous(), op, group))
     if reduce_op == "avg":
         out = out / mesh.size(mesh_dim)
     return out
@@ -91,7 +118,8 @@ def all_gather_dim(x: torch.Tensor, dim: int, full: int, mesh: DeviceMesh, mesh_
     n = mesh.size(mesh_dim)
     chunk = -(-full // n) if full else 0
     padded = _pad_dim(x, dim, chunk).contiguous()
-    out = funcol.wait_tensor(funcol.all_gather_single(padded, 0, _group(mesh, mesh_dim)))
+    with _explained("all_gather", mesh, mesh_dim):
+        out = funcol.wait_tensor(funcol.all_gather_single(padded, 0, _group(mesh, mesh_dim)))
     if dim != 0:
         out = torch.cat(torch.chunk(out, n, dim=0), dim=dim)
     # trimming the padding of an inner dim leaves a strided view; views downstream need contiguous
@@ -115,7 +143,8 @@ def reduce_scatter_dim(
     if dim != 0:
         # stack the n chunks of `dim` along dim 0 so the collective scatters them in rank order
         padded = torch.cat(torch.chunk(padded, n, dim=dim), dim=0)
-    out = funcol.wait_tensor(funcol.reduce_scatter_single(padded.contiguous(), "sum", 0, _group(mesh, mesh_dim)))
+    with _explained("reduce_scatter", mesh, mesh_dim):
+        out = funcol.wait_tensor(funcol.reduce_scatter_single(padded.contiguous(), "sum", 0, _group(mesh, mesh_dim)))
     if reduce_op == "avg":
         out = out / n
     return out.narrow(dim, 0, length) if length != chunk else out
@@ -139,7 +168,8 @@ def all_to_all_dims(
     x = _pad_dim(_pad_dim(x, src_dim, src_chunk), dst_dim, dst_chunk * n)
     pieces = torch.stack(torch.chunk(x, n, dim=dst_dim), dim=0).contiguous()
     split = [pieces.shape[0] // n] * n
-    out = funcol.wait_tensor(funcol.all_to_all_single(pieces, split, split, _group(mesh, mesh_dim)))
+    with _explained("all_to_all", mesh, mesh_dim):
+        out = funcol.wait_tensor(funcol.all_to_all_single(pieces, split, split, _group(mesh, mesh_dim)))
     # out[k] is rank k's src chunk of my dst piece; concatenating along src_dim rebuilds that dim
     out = torch.cat(out.unbind(0), dim=src_dim).narrow(src_dim, 0, src_full)
     _, length = chunk_range(dst_full, n, coord)

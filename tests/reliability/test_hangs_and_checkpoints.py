@@ -51,6 +51,10 @@ def test_a_rank_that_never_joins_makes_the_others_fail_within_the_timeout(what):
     for rank, waiting in enumerate(results[:-1]):
         assert waiting["kind"] is not None, f"rank {rank} finished {what} although rank 2 never joined"
         assert "timed out" in waiting["msg"].lower() or "timeout" in waiting["msg"].lower(), waiting["msg"]
+        if what == "redistribute":  # the core says what waited and which setting bounds the wait
+            assert waiting["kind"] == "CollectiveTimeoutError", waiting
+            assert "all_gather over mesh dim 0 (3 ranks) timed out" in waiting["msg"], waiting["msg"]
+            assert "--collective-timeout" in waiting["msg"] and "SHARDWISE_CHECK_RANKS=1" in waiting["msg"]
         # gloo checks the deadline on the operation itself; allow scheduling slack on 2 busy cores
         assert TIMEOUT_S * 0.9 <= waiting["seconds"] < TIMEOUT_S + 8, waiting
 
