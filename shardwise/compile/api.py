@@ -16,6 +16,7 @@ Example::
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,13 +63,21 @@ class _Entry:
 
 
 class CompiledStep:
-    """The callable returned by :func:`compile`; ``.traces`` counts traces so far."""
+    """The callable returned by :func:`compile`; ``.traces`` counts traces so far.
+
+    Traces are kept per guard key (batch shapes/dtypes, hyper-parameters, optimizer state present),
+    at most ``max_traces`` of them, least recently used evicted first; a warning says so once the
+    step has traced ``warn_after`` times (batch shapes that keep changing: pad them to a few sizes).
+    """
+
+    max_traces = 16
+    warn_after = 8
 
     def __init__(self, fn: Callable, mode: ParallelMode, gm_transformation: Callable | None):
         self.fn, self.mode, self.gm_transformation = fn, mode, gm_transformation
         self.state = None
         self._owner: tuple[int, int] | None = None
-        self._cache: dict[Any, _Entry] = {}
+        self._cache: dict[Any, _Entry] = {}  # insertion order = least recently used first
         self.traces = 0
         # compare batch layout and hyper-parameters across ranks on every call (one tiny all-gather)
         self.check_ranks = getattr(mode.mesh, "ndim", 0) == 1
@@ -102,12 +111,24 @@ class CompiledStep:
             )
         self.state.spec = spec
         key = self._guard_key(spec, local)
-        entry = self._cache.get(key)
+        entry = self._cache.pop(key, None)
         if entry is None:
             joint = joint or self._trace_joint(model, optimizer, self.mode.trace_batch(batch, local))
-            entry = self._cache[key] = self._build(joint, spec, local)
+            entry = self._build(joint, spec, local)
+            self._evict_for_one_more()
+        self._cache[key] = entry  # (re)inserted last: most recently used
         self._last = entry
         return self._run(entry, model, optimizer, local)
+
+    def _evict_for_one_more(self) -> None:
+        while len(self._cache) >= max(int(self.max_traces), 1):
+            del self._cache[next(iter(self._cache))]
+        if self.traces == self.warn_after:
+            warnings.warn(
+                f"shardwise.compile: step {getattr(self.fn, '__name__', self.fn)!r} has traced {self.traces} times "
+                f"(batch shapes, dtypes or hyper-parameters keep changing); each trace costs seconds and at most "
+                f"{self.max_traces} are kept. Pad batches to a few fixed shapes", stacklevel=3,
+            )
 
     def _guard_key(self, spec, local: tuple):
         leaves, treespec = pytree.tree_flatten(local)

@@ -151,6 +151,31 @@ def dtype_guard(rank, world):
     return step.traces, len(seen), min(seen) > 0
 
 
+def trace_cap(rank, world):
+    """At most max_traces traces are kept (least recently used evicted); a warning after warn_after."""
+    import warnings
+
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("mlp", 8 * world)
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make_optimizer("sgd", model.parameters()), make_optimizer("sgd", ref.parameters())
+    step = compile(parallel_mode=DataParallel(mesh, style="replicate"))(fn)
+    step.max_traces, step.warn_after = 2, 3
+    x, y = batches[0]
+    # per rank x world. The first step traces without optimizer state, the second with it; 4 evicts
+    # that first trace; 8 is cached; 2 evicts 4; 4 is traced again
+    sizes = [8, 8, 4, 8, 2, 4]
+    traces = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for n in sizes:
+            step(model, opt, x[: n * world], y[: n * world])
+            fn(ref, ref_opt, x[: n * world], y[: n * world])
+            traces.append(step.traces)
+    msgs = [str(w.message) for w in caught if "has traced" in str(w.message)]
+    return traces, len(step._cache), msgs, _max_diff(list(model.parameters()), list(ref.parameters()))
+
+
 def _bad_step_no_backward(model, optimizer, x, y):
     model(x).sum()
     optimizer.step()

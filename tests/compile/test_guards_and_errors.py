@@ -20,6 +20,13 @@ def test_dtype_change_retraces_and_transformation_runs_per_trace():
     assert run_on_ranks(dp_cases.dtype_guard, 2) == [(2, 2, True)] * 2
 
 
+def test_trace_cache_is_bounded_and_warns():
+    for traces, cached, msgs, diff in run_on_ranks(dp_cases.trace_cap, 2):
+        assert traces == [1, 2, 3, 3, 4, 5], traces
+        assert cached == 2 and diff < 1e-5
+        assert len(msgs) == 1 and "has traced 3 times" in msgs[0] and "Pad batches" in msgs[0], msgs
+
+
 def test_errors_are_clear_and_identical_on_all_ranks():
     per_rank = run_on_ranks(dp_cases.errors, 2)
     assert per_rank[0] == per_rank[1]
