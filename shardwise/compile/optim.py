@@ -83,7 +83,8 @@ def optim_spec(optimizer: Any) -> OptimSpec:
         if kind == "sgd" and group["nesterov"] and (group["momentum"] <= 0 or group["dampening"] != 0):
             raise ValueError("SGD nesterov=True needs momentum > 0 and dampening == 0")
         if isinstance(group["lr"], torch.Tensor) or not isinstance(group["lr"], (int, float)):
-            raise TypeError(f"param_groups[{i}]['lr'] must be a Python float, got {group['lr']!r}")
+            raise TypeError(f"param_groups[{i}]['lr'] must be a Python float, got {group['lr']!r}; set it with "
+                            "float(lr) (the compiled step reads lr on every call, so schedulers need no tensor lr)")
         hp = tuple(sorted((k, _freeze(group[k])) for k in _SUPPORTED[kind] if k in group))
         groups.append(GroupSpec(kind, hp))
     return OptimSpec(kind, tuple(groups))

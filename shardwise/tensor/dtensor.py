@@ -233,7 +233,9 @@ class DTensor(torch.Tensor):
         """Validated target placements of a redistribute call."""
         mesh = device_mesh or self._spec.mesh
         if mesh is not self._spec.mesh and mesh != self._spec.mesh:
-            raise ValueError(f"redistribute cannot move a DTensor to another mesh ({self._spec.mesh} -> {mesh})")
+            raise ValueError(f"redistribute cannot move a DTensor to another mesh ({self._spec.mesh} -> {mesh}); "
+                             "pass its own mesh (x.device_mesh) or None, or rebuild it on the other mesh with "
+                             "distribute_tensor(x.full_tensor(), other_mesh, placements)")
         if placements is None:
             raise ValueError("redistribute needs target placements, e.g. [Replicate()]")
         return normalize_placements(placements, mesh.ndim, self.ndim)
