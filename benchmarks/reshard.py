@@ -3,9 +3,9 @@
 Each move goes A -> B and back B -> A (so every repetition starts from the same layout); the time
 of one direction is the median over repetitions after a warm-up round trip. The floor is one raw
 ``all_to_all_single`` with exactly the per-rank byte counts our reshard sent (weights + Adagrad
-state), measured in the same processes. TorchRec 1.8's ``reshard`` runs in its own interpreter on
-the moves it supports (table- and column-wise placement changes); it is skipped with a message
-where none is installed.
+state) between preallocated buffers, measured in the same processes right after each reshard.
+TorchRec 1.8's ``reshard`` runs in its own interpreter on the moves it supports (table- and
+column-wise placement changes); it is skipped with a message where none is installed.
 
     .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
     .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
@@ -58,25 +58,25 @@ def _ours_plan(p: dict) -> dict:
     return {f"t{i}": make[k](r) for i, (k, r) in p.items()}
 
 
-def _floor_s(matrix: list, rank: int, reps: int, fresh: bool = False) -> float:
-    """Median time of one all_to_all_single carrying exactly ``matrix[src][dst]`` bytes (fp32);
-    ``fresh``: into a newly allocated receive buffer each time (a reshard's new shards are new
-    memory too: on CPU that is first-touch page faults)."""
-    world = len(matrix)
-    splits_in = [matrix[rank][d] // 4 for d in range(world)]
-    splits_out = [matrix[s][rank] // 4 for s in range(world)]
-    send, out = torch.ones(sum(splits_in)), torch.empty(sum(splits_out))
-    times = []
-    for i in range(reps + 1):
+class _Floor:
+    """One raw ``all_to_all_single`` carrying exactly ``matrix[src][dst]`` bytes (fp32) per rank, with
+    preallocated buffers; ``fresh``: into a newly allocated receive buffer each time (a reshard's new
+    shards are new memory too: on CPU that is first-touch page faults)."""
+
+    def __init__(self, matrix: list, rank: int):
+        world = len(matrix)
+        self.splits_in = [matrix[rank][d] // 4 for d in range(world)]
+        self.splits_out = [matrix[s][rank] // 4 for s in range(world)]
+        self.send, self.out = torch.ones(sum(self.splits_in)), torch.empty(sum(self.splits_out))
+        self.run(False)   # warm: the floor's buffers have been written once, as a reshard's old shards have
+
+    def run(self, fresh: bool) -> float:
+        out = torch.empty(sum(self.splits_out)) if fresh else self.out
         dist.barrier()
         t0 = time.perf_counter()
-        if fresh:
-            out = torch.empty(sum(splits_out))
-        dist.all_to_all_single(out, send, splits_out, splits_in)
+        dist.all_to_all_single(out, self.send, self.splits_out, self.splits_in)
         dist.barrier()
-        if i:
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        return time.perf_counter() - t0
 
 
 def run_ours(rank, world, args, move):
@@ -92,19 +92,21 @@ def run_ours(rank, world, args, move):
     a, b = (_ours_plan(p) for p in plans(move, args.tables))
     mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
     changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
-    times, stats = [], None
-    for i in range(2 * (args.reps + 1)):   # the first round trip is the warm-up
+    stats = [reshard(mod, c) for c in changes][0]   # the first round trip is the warm-up
+    floor = _Floor(stats.bytes_matrix, rank)
+    times, floors, fresh = [], [], []
+    for i in range(2 * args.reps):
+        # each reshard is followed by the floor in the same seconds: on a shared machine, load that
+        # comes and goes then hits both alike
         dist.barrier()
         t0 = time.perf_counter()
-        s = reshard(mod, changes[i % 2])
+        reshard(mod, changes[i % 2])
         dist.barrier()
-        if i >= 2:
-            times.append(time.perf_counter() - t0)
-        stats = stats or s
-    floor = _floor_s(stats.bytes_matrix, rank, args.reps)
-    fresh = _floor_s(stats.bytes_matrix, rank, args.reps, fresh=True)
-    return {"ms": statistics.median(times) * 1e3, "floor_ms": floor * 1e3, "floor_fresh_ms": fresh * 1e3,
-            "bytes_sent": stats.bytes_sent,
+        times.append(time.perf_counter() - t0)
+        floors.append(floor.run(False))
+        fresh.append(floor.run(True))
+    return {"ms": statistics.median(times) * 1e3, "floor_ms": statistics.median(floors) * 1e3,
+            "floor_fresh_ms": statistics.median(fresh) * 1e3, "bytes_sent": stats.bytes_sent,
             "tables_moved": len(stats.tables_moved)}
 
 

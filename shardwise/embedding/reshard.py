@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from .comm import all_gather_ints
+from .reshard_memory import fresh
+from .reshard_move import exchange, local_index, new_layouts, new_memory, piece_numel
 from .plan import ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, \
     table_row_wise, table_wise
 from .sharding import SHARDERS
@@ -196,93 +197,6 @@ def plan_pieces(tables: list, old: dict, new: dict, replicated: set) -> list:
     return out
 
 
-def _numel(p: Piece, kind: str) -> int:
-    if kind == "row":
-        # per-row state travels once per row, with the piece holding the box's first column
-        return (p.r1 - p.r0) if p.c0 == p.dst_box.col_offset else 0
-    return (p.r1 - p.r0) * (p.c1 - p.c0)
-
-
-def _cut(view: torch.Tensor, box: ShardBox, p: Piece, kind: str) -> torch.Tensor:
-    rows = slice(p.r0 - box.row_offset, p.r1 - box.row_offset)
-    if kind == "row":
-        return view[rows]
-    return view[rows, p.c0 - box.col_offset:p.c1 - box.col_offset]
-
-
-def _local_index(groups) -> dict:
-    """{my box: (store, index in store)} over ``groups``."""
-    out = {}
-    for g in groups:
-        for i in g.store.loc:
-            out[g.store.boxes[i]] = (g.store, i)
-    return out
-
-
-def _post_exchange(module, pieces: list, kinds: list, old_index: dict, new_index: dict) -> tuple:
-    """Start moving every remote piece straight from the old shard views into the new ones; returns
-    (requests, [(staging, target)]) for :func:`_finish_exchange`.
-
-    One batch of point-to-point messages, one per (piece, state) in the canonical piece order; the
-    tag is that position, derived from shared data, so both ends agree without talking. Pieces that
-    span whole rows are contiguous views and travel with no staging copy; column slices are packed
-    into a temporary one by one (at most the moved data is ever in flight).
-    """
-    topo, me = module._topo, module._topo.rank
-    ops, unpack, tag = [], [], 0
-    for p in pieces:
-        for what, kind in kinds:
-            if p.src == p.dst or not _numel(p, kind):
-                continue
-            tag += 1
-            if p.src == me:
-                store, i = old_index[p.src_box]
-                t = _cut(store.box_view(i, what), p.src_box, p, kind)
-                ops.append(dist.P2POp(dist.isend, t if t.is_contiguous() else t.contiguous(),
-                                      dist.get_global_rank(topo.group, p.dst), topo.group, tag))
-            elif p.dst == me:
-                store, i = new_index[p.dst_box]
-                t = _cut(store.box_view(i, what), p.dst_box, p, kind)
-                buf = t if t.is_contiguous() else torch.empty(t.shape, dtype=t.dtype, device=t.device)
-                if buf is not t:
-                    unpack.append((buf, t))
-                ops.append(dist.P2POp(dist.irecv, buf, dist.get_global_rank(topo.group, p.src), topo.group, tag))
-    return (dist.batch_isend_irecv(ops) if ops else []), unpack
-
-
-def _finish_exchange(reqs: list, unpack: list) -> None:
-    for req in reqs:
-        req.wait()
-    with torch.no_grad():
-        for buf, t in unpack:
-            t.copy_(buf)
-
-
-def _fill_local(module, groups: list, moved: set, pieces: list, kinds: list, old_index: dict,
-                new_index: dict) -> int:
-    """Unchanged tables of rebuilt groups from their old boxes, and pieces that stay on this rank.
-    Returns the bytes copied for moved tables."""
-    me, local_bytes = module._topo.rank, 0
-    with torch.no_grad():
-        for box, (store, i) in new_index.items():
-            if box.table in moved:
-                continue
-            src_store, j = old_index[box]
-            for what, _ in kinds:
-                store.box_view(i, what).copy_(src_store.box_view(j, what))
-        for p in pieces:
-            if p.src != me or p.dst != me:
-                continue
-            store, i = new_index[p.dst_box]
-            s_store, j = old_index[p.src_box]
-            for what, kind in kinds:
-                if _numel(p, kind):
-                    dst = _cut(store.box_view(i, what), p.dst_box, p, kind)
-                    dst.copy_(_cut(s_store.box_view(j, what), p.src_box, p, kind))
-                    local_bytes += dst.numel() * dst.element_size()
-    return local_bytes
-
-
 def _set_steps(groups: list, steps: dict) -> None:
     for g in groups:
         per_width: dict = {}
@@ -333,12 +247,14 @@ def _memory_check(module, plan: dict, new_boxes: dict, limit: Optional[int]) -> 
                          f"over max_bytes_per_rank={limit}; spread the tables over more ranks or raise the limit")
 
 
-def _rebuild_groups(module, plan: dict, affected: set) -> list:
-    """New group list in ShardingType order: affected types built afresh (uninitialised buffers,
-    never a copy of the full tables), the others kept as they are."""
+def _rebuild_groups(module, plan: dict, affected: set, memory: dict) -> list:
+    """New group list in ShardingType order: affected types built afresh (buffers from ``memory`` --
+    carved out of the old stores -- or fresh and uninitialised, never a copy of the full tables), the
+    others kept as they are."""
     old = {g.sharding_type: g for g in module._groups}
     cols = next(iter(old.values())).spec.feature_cols
     rule, hp = module.fused_optimizer.rule, module.fused_optimizer.hp
+    dtype, device = module._dtype, module._topo.device
     groups = []
     for st in ShardingType:
         tables = [t for t in module._tables if plan[t.name].sharding_type == st]
@@ -347,9 +263,20 @@ def _rebuild_groups(module, plan: dict, affected: set) -> list:
         if st not in affected:
             groups.append(old[st])
             continue
-        # no initial weights: _fill writes every element of the new stores
-        groups.append(module._build_group(st, tables, plan, cols, None, rule, hp))
+
+        def alloc(what, w, shape, st=st):
+            t = memory.get((st, what, w))
+            return t if t is not None and tuple(t.shape) == tuple(shape) else fresh(shape, dtype, device)
+        # no initial weights: the exchange writes every element of the new stores
+        groups.append(module._build_group(st, tables, plan, cols, None, rule, hp, alloc=alloc))
     return groups
+
+
+def _kept_pieces(layouts: dict, moved: set, me: int) -> list:
+    """Whole boxes of unmoved tables in rebuilt groups: they stay on this rank, unchanged."""
+    return [Piece(b.table, me, me, b.row_offset, b.row_offset + b.row_size, b.col_offset,
+                  b.col_offset + b.col_size, b, b)
+            for boxes, _, _ in layouts.values() for b in boxes if b.rank == me and b.table not in moved]
 
 
 def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) -> ReshardStats:
@@ -390,18 +317,19 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
     item = torch.empty(0, dtype=module._dtype).element_size()
     for p in pieces:
         if p.src != p.dst:
-            n = sum(_numel(p, k) for _, k in kinds) * item
+            n = sum(piece_numel(p, k) for _, k in kinds) * item
             stats.bytes_sent[p.src] += n
             stats.bytes_received[p.dst] += n
             stats.bytes_matrix[p.src][p.dst] += n
-    old_index = _local_index(g for g in module._groups if g.sharding_type in affected)
-    groups = _rebuild_groups(module, plan, affected)
+    old_groups = [g for g in module._groups if g.sharding_type in affected]
+    old_index = local_index(old_groups)
+    layouts = new_layouts(module, plan, affected)
+    kept = _kept_pieces(layouts, set(moved), topo.rank)
+    local = [p for p in pieces if p.src == p.dst == topo.rank] + kept
+    memory = new_memory(layouts, local, kinds, old_index, old_groups)
+    groups = _rebuild_groups(module, plan, affected, memory)
     rebuilt = [g for g in groups if g.sharding_type in affected]
-    new_index = _local_index(rebuilt)
-    reqs, unpack = _post_exchange(module, pieces, kinds, old_index, new_index)
-    # local copies touch other regions of the new stores than the receives: overlap them
-    stats.bytes_local = _fill_local(module, rebuilt, set(moved), pieces, kinds, old_index, new_index)
-    _finish_exchange(reqs, unpack)
+    stats.bytes_local = exchange(module, pieces, kept, kinds, (old_index, local_index(rebuilt)))
     _set_steps(rebuilt, steps)
     # the one place routing state changes: groups carry routing, stores and stages together
     module._groups = groups

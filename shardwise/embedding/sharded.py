@@ -104,14 +104,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 raise ValueError(f"{rule.name} keeps one accumulator per row, but column-wise tables {cw} split "
                                  f"rows over ranks; use Adagrad or another sharding type for them")
 
-    def _build_group(self, st, tables, plan, cols, weights, rule, hp) -> _Group:
+    def _build_group(self, st, tables, plan, cols, weights, rule, hp, alloc=None) -> _Group:
         topo, sharder = self._topo, SHARDERS[st]
         boxes = [b for t in tables for b in sharder.layout(t, plan[t.name], topo)]
         spec = GroupSpec(tables, boxes, cols, self._total_dim)
         routing = Routing(spec, topo.world_size, topo.rank if sharder.local_only else None)
         store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
                            sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
-                           dtype=self._dtype)
+                           dtype=self._dtype, alloc=alloc)
         stages = sharder.build(routing, topo, store, self._anchor, self._is_weighted, self._dtype)
         return _Group(st, spec, routing, store, stages, sharder.replicated)
 
