@@ -25,7 +25,7 @@ from .shards import local_layout
 __all__ = ["new_layouts", "new_memory", "exchange", "piece_numel", "cut"]
 
 _CHUNK_BYTES = 4 << 20   # message size: big enough for the wire, small enough for a ring buffer in cache
-_RING_BUFFERS = 4        # receive buffers in flight for receives that cannot land in place yet
+_RING_BUFFERS = 8        # receive buffers in flight for receives that cannot land in place yet
 _PATIENCE_S = 0.02       # how long to wait for our own sends before adding a ring buffer
 
 
