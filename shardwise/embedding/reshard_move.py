@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -106,7 +107,8 @@ def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _plan(module, pieces: list, kept: list, kinds: list, indexes: tuple, chunk_bytes: int) -> tuple:
-    """(messages [(send?, view, peer, tag)] in piece order, local copies [(src, dst)], moved bytes kept).
+    """(messages [(send?, view, peer, tag, chunk index)] in piece order, local copies [(src, dst)],
+    moved bytes kept).
 
     Remote pieces travel in row blocks of at most ``chunk_bytes`` (at least one row), cut from the
     piece's geometry, so both ends cut alike; a message's tag is its position in that shared list.
@@ -135,9 +137,9 @@ def _plan(module, pieces: list, kept: list, kinds: list, indexes: tuple, chunk_b
             for r in range(0, rows, per):
                 tag += 1
                 if src is not None:
-                    msgs.append((True, src[r:r + per], p.dst, tag))
+                    msgs.append((True, src[r:r + per], p.dst, tag, r // per))
                 elif dst is not None:
-                    msgs.append((False, dst[r:r + per], p.src, tag))
+                    msgs.append((False, dst[r:r + per], p.src, tag, r // per))
     for p in kept:
         for what, kind in kinds:
             (s_store, j), (d_store, i) = old_index[p.src_box], new_index[p.dst_box]
@@ -186,35 +188,64 @@ def _sends_reading(send_spans: list, s: tuple) -> int:
     return max((k + 1 for k, (lo, hi) in enumerate(send_spans) if lo < s[1] and s[0] < hi), default=0)
 
 
-def _receive_staged(staged: list, tracker: _SendTracker, group, slot_numel: int) -> None:
-    """Receive ``staged`` [(dst, peer, tag, sends to wait for)] through a ring of reused buffers: each
-    lands in its destination once the sends still reading that memory are done.
+@dataclass
+class _Staged:
+    """A receive that cannot be posted into its destination yet: sends 0..need-1 still read it."""
 
-    Waiting on a receive always ends (every send was posted before this loop, on every rank). Waiting
-    on our own sends needs the peer to post the matching receives, so while receives remain unposted
-    that wait is bounded: when it runs out, one more ring buffer keeps the peer's sends flowing.
+    dst: torch.Tensor
+    peer: int
+    tag: int
+    need: int
+    defer: bool      # wait for the memory rather than take a ring buffer
+
+
+def _receive_staged(staged: list, tracker: _SendTracker, group, slot_numel: int) -> list:
+    """Receive ``staged`` through a ring of reused buffers, each copied into its destination once the
+    sends still reading that memory are done; a deferred one is instead posted straight into its
+    destination once that memory is free. Returns the works of those direct receives.
+
+    Waiting on a posted receive always ends (every rank posted all its sends first). Waiting on our
+    own sends needs the peer to post the matching receives, so while receives remain unposted that
+    wait is bounded: when it runs out, a deferred receive falls back to the ring and the ring grows
+    by one buffer, so the peer's sends keep flowing and no two ranks wait on each other.
     """
-    queue, pending, free = deque(staged), deque(), []
+    ring, later = deque(x for x in staged if not x.defer), deque(x for x in staged if x.defer)
+    pending, free, direct = deque(), [], []
     limit, made = _RING_BUFFERS, 0
-    while queue or pending:
-        while queue and (free or made < limit):
-            dst, peer, tag, need = queue.popleft()
+    while ring or later or pending:
+        while later and tracker.done >= later[0].need:
+            x = later.popleft()
+            direct.append(dist.irecv(x.dst, dist.get_global_rank(group, x.peer), group, x.tag))
+        while ring and (free or made < limit):
+            x = ring.popleft()
             if not free:
-                free.append(fresh((slot_numel,), dst.dtype, dst.device))
+                free.append(fresh((slot_numel,), x.dst.dtype, x.dst.device))
                 made += 1
             slot = free.pop()
-            buf = slot[:dst.numel()].view(dst.shape)
-            pending.append([dist.irecv(buf, dist.get_global_rank(group, peer), group, tag), buf, slot, dst, need])
-        work, buf, slot, dst, need = pending[0]
+            buf = slot[:x.dst.numel()].view(x.dst.shape)
+            pending.append([dist.irecv(buf, dist.get_global_rank(group, x.peer), group, x.tag), buf, slot, x])
+        if not pending:
+            if later and not tracker.wait(later[0].need, _PATIENCE_S):
+                ring.append(later.popleft())
+            continue
+        work, buf, slot, x = pending[0]
         if work is not None:
             work.wait()
             pending[0][0] = None   # a gloo receive must be waited once: a second wait blocks for good
-        if not tracker.wait(need, _PATIENCE_S if queue else None):
+        # wake up as soon as either the head's memory or the next deferred receive's memory is free:
+        # the peer may be waiting for that deferred receive
+        target = min(x.need, later[0].need) if later else x.need
+        if not tracker.wait(target, _PATIENCE_S if (ring or later) else None):
+            if later:
+                ring.appendleft(later.popleft())
             limit += 1
             continue
-        dst.copy_(buf)
+        if tracker.done < x.need:
+            continue
+        x.dst.copy_(buf)
         free.append(slot)
         pending.popleft()
+    return direct
 
 
 def _copy(t: torch.Tensor) -> torch.Tensor:
@@ -240,7 +271,7 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
     """
     topo = module._topo
     msgs, copies, local_bytes = _plan(module, pieces, kept, kinds, indexes, _CHUNK_BYTES)
-    sends = [(t, peer, tag) for send, t, peer, tag in msgs if send]
+    sends = [(t, peer, tag) for send, t, peer, tag, _ in msgs if send]
     send_spans = [span(t) if t.is_contiguous() else (0, 0) for t, _, _ in sends]
     unread = Spans(send_spans + [span(s) for s, _ in copies])
     staged = [(s, d) for s, d in copies if unread.meets(span(d))]
@@ -251,16 +282,19 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
     tracker = _SendTracker([dist.isend(_packed(t), dist.get_global_rank(group, peer), group, tag)
                             for t, peer, tag in sends])
     works, ring = [], []
-    for send, t, peer, tag in msgs:
+    for send, t, peer, tag, k in msgs:
         if send:
             continue
         if t.is_contiguous() and not unread.meets(span(t)):
             works.append(dist.irecv(t, dist.get_global_rank(group, peer), group, tag))
         else:
-            ring.append((t, peer, tag, _sends_reading(send_spans, span(t))))
+            # every other chunk waits for its memory instead of taking a ring buffer; the peer, with
+            # the other parity, buffers it: in a swap each side copies half the chunks, not all
+            defer = t.is_contiguous() and (k + topo.rank) % 2 == 1
+            ring.append(_Staged(t, peer, tag, _sends_reading(send_spans, span(t)), defer))
     for src, dst in direct:
         dst.copy_(src)
-    _receive_staged(ring, tracker, group, max((t.numel() for t, *_ in ring), default=0))
+    works += _receive_staged(ring, tracker, group, max((x.dst.numel() for x in ring), default=0))
     for w in works:
         w.wait()
     tracker.join()
