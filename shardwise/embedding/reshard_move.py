@@ -248,6 +248,61 @@ def _receive_staged(staged: list, tracker: _SendTracker, group, slot_numel: int)
     return direct
 
 
+def _blocks(n: int, src: tuple, dst: tuple, width: int):
+    """Row blocks [(a, b)] that copy ``n`` rows (start address, row stride in bytes) from ``src`` to an
+    overlapping ``dst`` without a block overwriting rows still to be read -- front to back or back to
+    front, whichever works (like memmove); None if neither does. A row that is already in place is a
+    block of its own."""
+    (s0, ss), (d0, ds) = src, dst
+    out, a = [], 0
+    while a < n:      # front to back: a block's last byte stays below the first source byte unread
+        b = n if ds <= 0 else min(n, (s0 + a * ss - d0 - width) // ds + 1)
+        b = a + 1 if b <= a and s0 + a * ss == d0 + a * ds else b
+        if b <= a:
+            break
+        out.append((a, b))
+        a = b
+    if a >= n:
+        return out
+    out, b = [], n
+    while b > 0:      # back to front: a block's first byte stays above the last source byte unread
+        a = max(0, -(-(s0 - d0 + (b - 1) * ss + width) // ds)) if ds > 0 else b
+        a = b - 1 if a >= b and s0 + (b - 1) * ss == d0 + (b - 1) * ds else a
+        if a >= b:
+            return None
+        out.append((a, b))
+        b = a
+    return out
+
+
+def _move_in_place(src: torch.Tensor, dst: torch.Tensor) -> bool:
+    """Copy ``src`` into the overlapping ``dst`` block by block (:func:`_blocks`); False, with nothing
+    written, if their layout allows no safe order."""
+    if src.dim() != 2 or src.shape != dst.shape or src.stride(1) != 1 or dst.stride(1) != 1:
+        return False
+    item = src.element_size()
+    blocks = _blocks(src.shape[0], (src.data_ptr(), src.stride(0) * item), (dst.data_ptr(), dst.stride(0) * item),
+                     src.shape[1] * item)
+    if blocks is None:
+        return False
+    for a, b in blocks:
+        if src[a:b].data_ptr() != dst[a:b].data_ptr() or src.stride(0) != dst.stride(0) and b - a > 1:
+            dst[a:b].copy_(src[a:b])
+    return True
+
+
+def _stage_local(staged: list, send_spans: list, copies: list) -> list:
+    """Local copies whose destination overlaps memory still to be read: moved in place when only their
+    own source is in the way, else read into a temporary now (receives may land on the source) and
+    returned as [(temporary, destination)] to write last."""
+    later = []
+    for src, dst in staged:
+        others = Spans(send_spans + [span(s) for s, _ in copies if s is not src])
+        if others.meets(span(dst)) or not _move_in_place(src, dst):
+            later.append((_copy(src), dst))
+    return later
+
+
 def _copy(t: torch.Tensor) -> torch.Tensor:
     out = fresh(t.shape, t.dtype, t.device)
     out.copy_(t)
@@ -263,8 +318,9 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
     """Move ``pieces`` and the unmoved boxes ``kept`` from the old stores (``indexes[0]``) into the new
     ones (``indexes[1]``); returns the bytes of moved tables that stayed on this rank.
 
-    Order: local copies that would overwrite something still to be read are read into temporaries;
-    every send is posted (column slices packed first); receives go straight into their final place
+    Order: column slices to send are packed; local copies that overwrite only their own source move
+    in place, other ones that would overwrite something still to be read are read into temporaries;
+    every send is posted; receives go straight into their final place
     unless a send in flight or a local copy still reads it; local copies run while the messages
     travel; the other receives pass through a small ring of buffers (:func:`_receive_staged`); the
     deferred local writes land last.
@@ -276,11 +332,12 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
     unread = Spans(send_spans + [span(s) for s, _ in copies])
     staged = [(s, d) for s, d in copies if unread.meets(span(d))]
     direct = [(s, d) for s, d in copies if not unread.meets(span(d))]
-    later = [(_copy(s), d) for s, d in staged]    # read now: receives may land on these sources
+    packed = [_packed(t) for t, _, _ in sends]   # column slices are read before anything is overwritten
+    later = _stage_local(staged, send_spans, copies)
     unread = Spans(send_spans + [span(s) for s, _ in direct])
     group = topo.group
-    tracker = _SendTracker([dist.isend(_packed(t), dist.get_global_rank(group, peer), group, tag)
-                            for t, peer, tag in sends])
+    tracker = _SendTracker([dist.isend(buf, dist.get_global_rank(group, peer), group, tag)
+                            for buf, (_, peer, tag) in zip(packed, sends)])
     works, ring = [], []
     for send, t, peer, tag, k in msgs:
         if send:

@@ -112,3 +112,24 @@ def kept_in_place(rank, world):
 
 def test_kept_tables_stay_in_place():
     assert run_on_ranks(kept_in_place, 2, timeout=120.0) == [(True, True)] * 2
+
+
+def test_move_in_place_like_memmove():
+    from shardwise.embedding.reshard_move import _move_in_place
+    for n in (1, 2, 3, 50, 1000):
+        layouts = {   # (source, destination) views of one buffer
+            "rows to a column block": lambda b: (b[:n * 64].view(n, 64)[:, :32], b[:n * 32].view(n, 32)),
+            "column block to rows": lambda b: (b[:n * 32].view(n, 32), b[:n * 64].view(n, 64)[:, 32:]),
+            "rows up by more than a row": lambda b: (b[:n * 64].view(n, 64), b[80:80 + n * 64].view(n, 64)),
+            "rows down": lambda b: (b[80:80 + n * 64].view(n, 64), b[:n * 64].view(n, 64)),
+        }
+        for name, views in layouts.items():
+            base = torch.arange(n * 64.0 + 128)
+            src, dst = views(base)
+            want = src.clone()
+            assert _move_in_place(src, dst), (n, name)
+            assert torch.equal(dst, want), (n, name)
+        base = torch.arange(n * 64.0 + 128)
+        before = base.clone()   # every row overlaps itself: impossible by rows, nothing written
+        assert not _move_in_place(base[:n * 64].view(n, 64), base[16:16 + n * 64].view(n, 64))
+        assert torch.equal(base, before)
