@@ -40,6 +40,11 @@ def check_features(kjt: KeyedJaggedTensor, known: Sequence[str], is_weighted: bo
     if is_weighted and kjt.weights_or_none() is None:
         raise ValueError("this collection is weighted (is_weighted=True) but the batch has no weights; "
                          "pass weights= to the KeyedJaggedTensor")
+    if not is_weighted and kjt.weights_or_none() is not None:
+        # silently ignoring them would pool unweighted sums the caller did not ask for
+        raise ValueError("this collection is not weighted (is_weighted=False) but the batch has weights, which "
+                         "would be ignored; build the collection with is_weighted=True or drop weights= from the "
+                         "KeyedJaggedTensor")
 
 
 class EmbeddingBagCollection(nn.Module):

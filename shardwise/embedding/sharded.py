@@ -256,8 +256,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if strict and (missing or unexpected):
             raise ValueError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}; pass "
                              f"strict=False to load a subset")
-        for t in self._tables:   # every shape first: a bad later table must not leave earlier ones loaded
+        for t in self._tables:   # every value first: a bad later table must not leave earlier ones loaded
             key, size = f"embedding_bags.{t.name}.weight", (t.num_embeddings, t.embedding_dim)
+            if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
+                raise TypeError(f"{key}: a {type(state_dict[key]).__name__} is not a tensor; load tensors, "
+                                f"DTensors or ShardedTables of shape {size} (nothing was loaded)")
             if key in state_dict and tuple(state_dict[key].shape) != size:
                 raise ValueError(f"{key}: shape {tuple(state_dict[key].shape)} does not match the table's {size}; "
                                  f"load a state dict of the same tables (nothing was loaded)")
@@ -272,13 +275,19 @@ class ShardedEmbeddingBagCollection(nn.Module):
 def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology) -> None:
     """Ranks given other tables or another plan would build other routing and exchange garbage in the
     first forward; one all-gather of a digest makes them all raise here instead."""
+    mesh = topo.mesh
     text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(ebc.is_weighted)
+    text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
     digest = list(hashlib.sha256(text.encode()).digest()[:16])
-    rows = all_gather_ints(digest, topo.world_size, topo.group, topo.device)
-    differ = [r for r in range(topo.world_size) if rows[r] != rows[0]]
+    # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
+    # would otherwise run the check itself on different groups and wait there
+    covers_all = topo.world_size == dist.get_world_size()
+    group, n = (dist.group.WORLD, dist.get_world_size()) if covers_all else (topo.group, topo.world_size)
+    rows = all_gather_ints(digest, n, group, topo.device)
+    differ = [r for r in range(n) if rows[r] != rows[0]]
     if differ:
-        raise ValueError(f"shard(): ranks {differ} were given other tables or another plan than rank 0; every "
-                         f"rank must call shard() with the same EmbeddingBagConfigs and plan")
+        raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
+                         f"rank 0; every rank must call shard() with the same EmbeddingBagConfigs, plan and mesh")
 
 
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,

@@ -20,6 +20,8 @@ from shardwise.embedding import (
 )
 from shardwise.sparse import KeyedJaggedTensor
 
+from shardwise.testing import worker_mesh
+
 from ._runner import short_timeout_mesh
 
 _ADAGRAD = functools.partial(torch.optim.Adagrad, lr=0.1)
@@ -110,6 +112,13 @@ def shard_tables_differ_one_rank(rank, world):
     return lambda: shard(ebc, _plan(), mesh=mesh)(_kjt()).values().sum().backward(), [ebc]
 
 
+def shard_mesh_differs_one_rank(rank, world):
+    flat, two_d = short_timeout_mesh(), worker_mesh((1, world))  # collective: every rank builds both
+    mesh = two_d if rank == world - 1 else flat
+    ebc = _ebc()
+    return lambda: shard(ebc, _plan(), mesh=mesh)(_kjt()).values().sum().backward(), [ebc]
+
+
 # ---- forward on this rank's batch ----------------------------------------------------------------
 def forward_unknown_feature(rank, world):
     s = _sharded()
@@ -134,6 +143,13 @@ def forward_missing_weights_one_rank(rank, world):
     s = _sharded(weighted=True, mesh=short_timeout_mesh())
     s(_kjt(weights=torch.ones(5))).values().sum().backward()
     weights = None if rank == world - 1 else torch.ones(5)
+    return lambda: s(_kjt(weights=weights)), _state(s)
+
+
+def forward_unexpected_weights_one_rank(rank, world):
+    s = _sharded(mesh=short_timeout_mesh())
+    _train_one_step(s)
+    weights = torch.ones(5) if rank == world - 1 else None
     return lambda: s(_kjt(weights=weights)), _state(s)
 
 

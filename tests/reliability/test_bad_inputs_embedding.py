@@ -31,13 +31,15 @@ ROWS = [
     ("shard_unsupported_optimizer", ValueError, "RMSprop cannot be fused"),
     ("shard_sgd_momentum", ValueError, "momentum=0.9"),
     ("shard_rowwise_adagrad_on_columns", ValueError, "column-wise tables ['ta']"),
-    ("shard_plan_differs_one_rank", ValueError, "shard(): ranks [1] were given other tables or another plan"),
-    ("shard_tables_differ_one_rank", ValueError, "shard(): ranks [1] were given other tables or another plan"),
+    ("shard_plan_differs_one_rank", ValueError, "shard(): ranks [1] were given other tables, another plan or another mesh"),
+    ("shard_mesh_differs_one_rank", ValueError, "shard(): ranks [1] were given other tables, another plan or another mesh"),
+    ("shard_tables_differ_one_rank", ValueError, "shard(): ranks [1] were given other tables, another plan or another mesh"),
     # the forward reports every rank's batch problem as one ValueError on all ranks (docs/embedding.md)
     ("forward_unknown_feature", ValueError, "features ['fz'] are not looked up"),
     ("forward_not_a_kjt", ValueError, "rank 0: TypeError: forward expects a KeyedJaggedTensor"),
     ("forward_unknown_feature_one_rank", ValueError, "rank(s) [1] is invalid"),
     ("forward_missing_weights_one_rank", ValueError, "rank 1: ValueError: this collection is weighted"),
+    ("forward_unexpected_weights_one_rank", ValueError, "rank 1: ValueError: this collection is not weighted"),
     ("forward_id_too_large_one_rank", ValueError, "rank 1: ValueError: id 10 of feature 'fa' is outside"),
     ("forward_negative_id_one_rank", ValueError, "rank 1: ValueError: id -2 of feature 'fa' is outside"),
     ("load_missing_key", ValueError, "missing keys ['embedding_bags.tb.weight']"),
@@ -53,16 +55,10 @@ ROWS = [
     ("reshard_rowwise_adagrad_to_columns", ValueError, "column-wise tables ['ta']"),
     ("rebalance_bad_stats", TypeError, "must be a LoadStats"),
     ("rebalance_negative_budget", ValueError, "max_bytes=-1"),
+    ("load_value_not_a_tensor", TypeError, "embedding_bags.ta.weight: a list is not a tensor"),
 ]
 
-KNOWN_BUGS = [
-    pytest.param("load_value_not_a_tensor", TypeError, "embedding_bags.ta.weight", marks=pytest.mark.xfail(
-        strict=True, reason="load_state_dict reads .shape of every value: a list raises a bare AttributeError "
-        "naming neither the key nor the rule (embedding, shardwise/embedding/sharded.py load_state_dict)")),
-]
-
-
-@pytest.mark.parametrize("case, exc, fragment", ROWS + KNOWN_BUGS)
+@pytest.mark.parametrize("case, exc, fragment", ROWS)
 def test_bad_input_fails_identically_on_every_rank(case, exc, fragment):
     results = run_on_ranks(run_case, 2, MOD, case, timeout=ROW_TIMEOUT)
     check_rows(results, exc, fragment)
