@@ -65,9 +65,13 @@ class FusedOptimizer:
                 raise ValueError(f"optimizer state_dict lacks {key!r} / {name!r}; save it from a collection "
                                  f"with the same tables and optimizer ({self.rule.name})")
         # every check before the first copy: a bad entry must not leave the state half loaded
-        steps = {int(float(v["step"])) for v in state.values() if "step" in v}
+        per_key = {k: int(float(v["step"])) for k, v in state.items() if isinstance(v, dict) and "step" in v}
+        steps = set(per_key.values())
         if len(steps) > 1:
-            raise ValueError(f"optimizer state_dict has different steps per table {sorted(steps)}")
+            listing = ", ".join(f"{k}: {n}" for k, n in sorted(per_key.items()))
+            raise ValueError(f"optimizer state_dict has different steps per table {sorted(steps)} ({listing}); the "
+                             "tables of one collection step together: load a state dict saved from one collection "
+                             "(nothing was loaded)")
         for key, name, _, _, size, _ in entries:
             if tuple(state[key][name].shape) != tuple(size):
                 raise ValueError(f"{key}/{name}: shape {tuple(state[key][name].shape)} does not match the "
