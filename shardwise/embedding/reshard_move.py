@@ -313,6 +313,26 @@ def _packed(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else _copy(t)
 
 
+def _in_one_batch(msgs: list, packed: list, unread: Spans, direct: list, later: list, group) -> None:
+    """Every message in one ``batch_isend_irecv`` in the shared order; receives that would clobber
+    unsent data land in temporaries. For backends other than gloo: NCCL matches point-to-point
+    messages by their order rather than their tag, and wants them in one group, so the ring's
+    out-of-order posting is not for it (and its caching allocator has no page-fault cost)."""
+    ops, sent = [], iter(packed)
+    for send, t, peer, tag, _ in msgs:
+        buf = next(sent) if send else t
+        if not send and (not t.is_contiguous() or unread.meets(span(t))):
+            buf = fresh(t.shape, t.dtype, t.device)
+            later.append((buf, t))
+        op = dist.isend if send else dist.irecv
+        ops.append(dist.P2POp(op, buf, dist.get_global_rank(group, peer), group, tag))
+    reqs = dist.batch_isend_irecv(ops) if ops else []
+    for src, dst in direct:
+        dst.copy_(src)
+    for req in reqs:
+        req.wait()
+
+
 @torch.no_grad()
 def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> int:
     """Move ``pieces`` and the unmoved boxes ``kept`` from the old stores (``indexes[0]``) into the new
@@ -320,10 +340,9 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
 
     Order: column slices to send are packed; local copies that overwrite only their own source move
     in place, other ones that would overwrite something still to be read are read into temporaries;
-    every send is posted; receives go straight into their final place
-    unless a send in flight or a local copy still reads it; local copies run while the messages
-    travel; the other receives pass through a small ring of buffers (:func:`_receive_staged`); the
-    deferred local writes land last.
+    every send is posted; receives go straight into their final place unless a send in flight or a
+    local copy still reads it; local copies run while the messages travel; the other receives pass
+    through a small ring of buffers (:func:`_receive_staged`); the deferred local writes land last.
     """
     topo = module._topo
     msgs, copies, local_bytes = _plan(module, pieces, kept, kinds, indexes, _CHUNK_BYTES)
@@ -336,8 +355,22 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
     later = _stage_local(staged, send_spans, copies)
     unread = Spans(send_spans + [span(s) for s, _ in direct])
     group = topo.group
+    if dist.get_backend(group) != "gloo":
+        _in_one_batch(msgs, packed, unread, direct, later, group)
+    else:
+        _post_and_receive(msgs, packed, (send_spans, unread), direct, group, topo.rank)
+    for buf, dst in later:
+        dst.copy_(buf)
+    return local_bytes
+
+
+def _post_and_receive(msgs: list, packed: list, spans: tuple, direct: list, group, rank: int) -> None:
+    """gloo: all sends posted first, receives in place where nothing still reads their memory, the
+    others through the ring or deferred (:func:`_receive_staged`), local copies in between."""
+    send_spans, unread = spans
+    sends = [(peer, tag) for send, _, peer, tag, _ in msgs if send]
     tracker = _SendTracker([dist.isend(buf, dist.get_global_rank(group, peer), group, tag)
-                            for buf, (_, peer, tag) in zip(packed, sends)])
+                            for buf, (peer, tag) in zip(packed, sends)])
     works, ring = [], []
     for send, t, peer, tag, k in msgs:
         if send:
@@ -347,7 +380,7 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
         else:
             # every other chunk waits for its memory instead of taking a ring buffer; the peer, with
             # the other parity, buffers it: in a swap each side copies half the chunks, not all
-            defer = t.is_contiguous() and (k + topo.rank) % 2 == 1
+            defer = t.is_contiguous() and (k + rank) % 2 == 1
             ring.append(_Staged(t, peer, tag, _sends_reading(send_spans, span(t)), defer))
     for src, dst in direct:
         dst.copy_(src)
@@ -355,6 +388,3 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
     for w in works:
         w.wait()
     tracker.join()
-    for buf, dst in later:
-        dst.copy_(buf)
-    return local_bytes

@@ -47,12 +47,24 @@ def test_spans():
     assert span(x[3:3]) == (0, 0) and not spans.meets((0, 0))
 
 
-def reshard_chain(rank, world, chain):
+class _AsIfNotGloo:
+    """torch.distributed, except that the group's backend reads as NCCL (the one-batch path)."""
+
+    def __getattr__(self, name):
+        return getattr(torch.distributed, name)
+
+    def get_backend(self, group=None):
+        return "nccl"
+
+
+def reshard_chain(rank, world, chain, one_batch=False):
     """Tiny messages and a one-buffer ring (so receives queue up behind sends and the ring has to
     grow); after each reshard every weight and state tensor is bit for bit what it was; training
     and a forward afterwards match a fresh sharding."""
     from shardwise.embedding import reshard_move
     reshard_move._CHUNK_BYTES, reshard_move._RING_BUFFERS, reshard_move._PATIENCE_S = 48, 1, 0.001
+    if one_batch:
+        reshard_move.dist = _AsIfNotGloo()
     mesh = mesh_for(world, 1)
     ebc = common.make_ebc(seed=11)
     plan = dict(chain[0])
@@ -94,6 +106,17 @@ def _local_ptr(mod, table: str, rank: int) -> int:
     g = next(g for g in mod._groups if any(b.table == table for b in g.routing.boxes))
     i = next(i for i, b in enumerate(g.routing.boxes) if b.table == table and b.rank == rank)
     return g.store.box_view(i).data_ptr()
+
+
+def test_reshard_chain_in_one_batch():
+    # the path taken on NCCL: every message in one batch_isend_irecv, temporaries instead of the ring
+    world = 2
+    steps = [{"t_a": table_wise(0), "t_b": common.row_wise(), "t_tiny": table_wise(1),
+              "t_c": common.column_wise([0, 1])},
+             {"t_a": table_wise(1), "t_c": common.column_wise([1, 0])},
+             {"t_a": common.row_wise(), "t_b": common.column_wise([0, 1]), "t_tiny": table_wise(0)}]
+    for same, forward in run_on_ranks(reshard_chain, world, steps, True, timeout=300.0):
+        assert all(s == [] for s in same) and forward
 
 
 def kept_in_place(rank, world):
