@@ -10,6 +10,7 @@ Example (two machines, two processes each; run on both)::
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from datetime import timedelta
@@ -108,12 +109,16 @@ def run_worker(config_json: str) -> Optional[dict]:
     if not torch.cuda.is_available():
         # local processes share the cores: one thread each avoids oversubscription
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    # import the job (and with it torch.distributed.nn) before the group exists: imported after, that
+    # module's `group=WORLD` defaults keep the group alive past destroy_process_group, and its gloo
+    # threads can then die at interpreter exit ("terminate called without an active exception")
+    from .loop import Trainer
+
     mesh = _init_process_group(cfg.collective_timeout)
     try:
-        from .loop import Trainer
-
         return Trainer(cfg, mesh).run()
     finally:
+        gc.collect()  # drop finished work objects that still hold the group's tensors
         dist.destroy_process_group()
 
 
