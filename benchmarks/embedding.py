@@ -52,7 +52,7 @@ def _hand_lookup(weight, ids, start):
 
 def _timing(v: int) -> dict:
     # keep the default run to minutes: few, longer calls for the big tables
-    return dict(rounds=5, inner=2) if v >= 100_000 else dict(rounds=21, inner=10)
+    return dict(rounds=9, inner=2) if v >= 100_000 else dict(rounds=21, inner=10)
 
 
 def _interleaved(fns: dict, rounds: int, inner: int, sync=None) -> tuple[dict, dict]:
