@@ -50,8 +50,12 @@ def _hand_lookup(weight, ids, start):
     return _AllReduceSum.apply(out)
 
 
-def _timing(v: int) -> dict:
-    # keep the default run to minutes: few, longer calls for the big tables
+def _timing(v: int, mode: str) -> dict:
+    # a forward is one all-reduce of a few ms whose time on loopback gloo varies 2x from block to
+    # block, so it gets many rounds; a big table's forward+backward (a full-size dense gradient,
+    # hundreds of ms for PyTorch DTensor) gets few, to keep the default run to minutes
+    if mode == "fwd":
+        return dict(rounds=41, inner=10)
     return dict(rounds=9, inner=2) if v >= 100_000 else dict(rounds=21, inner=10)
 
 
@@ -113,19 +117,20 @@ def _fwd_bwd(fn, weight, grad):
 
 def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
     variants, ids, grad = _variants(rank, world, mesh, tmesh, v, d, n_ids)
-    timing = _timing(v)
     with torch.no_grad():
-        fwd, fwd_s = _interleaved({k: fn for k, (fn, _) in variants.items()}, sync=dist.barrier, **timing)
+        fwd, fwd_s = _interleaved({k: fn for k, (fn, _) in variants.items()}, sync=dist.barrier,
+                                  **_timing(v, "fwd"))
     bwd, bwd_s = _interleaved({k: _fwd_bwd(fn, w, grad) for k, (fn, w) in variants.items()}, sync=dist.barrier,
-                              **timing)
+                              **_timing(v, "fwd_bwd"))
     results = {"fwd": (fwd, fwd_s), "fwd_bwd": (bwd, bwd_s)}
     del variants
     gc.collect()
     if rank == 0:  # unsharded: the whole table on one rank, nobody to talk to
         table = torch.randn(v, d).requires_grad_()
         with torch.no_grad():
-            fwd["unsharded"] = _interleaved({"u": lambda: F.embedding(ids, table)}, **timing)[0]["u"]
-        bwd["unsharded"] = _interleaved({"u": _fwd_bwd(lambda: F.embedding(ids, table), table, grad)}, **timing)[0]["u"]
+            fwd["unsharded"] = _interleaved({"u": lambda: F.embedding(ids, table)}, **_timing(v, "fwd"))[0]["u"]
+        bwd["unsharded"] = _interleaved({"u": _fwd_bwd(lambda: F.embedding(ids, table), table, grad)},
+                                        **_timing(v, "fwd_bwd"))[0]["u"]
         del table
     dist.barrier()
     rows = []
