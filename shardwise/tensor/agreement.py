@@ -16,7 +16,6 @@ tests, or for a whole run with ``SHARDWISE_CHECK_RANKS=1`` in the environment.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 
@@ -24,29 +23,22 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
+from ._switch import Switch
+
 __all__ = ["rank_checks", "checks_enabled", "check_same_call"]
 
 
-class _Checks:
-    """Whether checked mode is on (read at call time, so it follows the context manager)."""
-
-    enabled = os.environ.get("SHARDWISE_CHECK_RANKS", "0") not in ("", "0", "false", "False")
+_CHECKS = Switch("rank_checks",
+                  os.environ.get("SHARDWISE_CHECK_RANKS", "0") not in ("", "0", "false", "False"))
 
 
 def checks_enabled() -> bool:
-    return _Checks.enabled
+    return _CHECKS.enabled
 
 
-@contextlib.contextmanager
 def rank_checks(enabled: bool = True):
     """Turn checked mode on (or off) inside a ``with`` block; see the module docstring."""
-    if not isinstance(enabled, bool):
-        raise TypeError(f"rank_checks(enabled={enabled!r}): pass True or False")
-    prev, _Checks.enabled = _Checks.enabled, enabled
-    try:
-        yield
-    finally:
-        _Checks.enabled = prev
+    return _CHECKS.set(enabled)
 
 
 def _digest(text: str) -> int:

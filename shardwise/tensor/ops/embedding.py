@@ -21,13 +21,13 @@ against ``num_embeddings`` on every rank from data all ranks share, so all ranks
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import replace
 from typing import Optional
 
 import torch
 from torch.ops import aten
 
+from .._switch import Switch
 from ..collectives import all_reduce
 from ..placements import MaskPartial, Partial, Shard
 from ..propagation.propagator import Decision, choose_layout
@@ -43,13 +43,9 @@ class EmbeddingIndexError(IndexError, ValueError):
     """An id outside ``[0, num_embeddings)``; an IndexError like unsharded ``F.embedding``'s."""
 
 
-class _Check:
-    """Whether lookups validate their ids (read at run time, so cached plans follow the switch)."""
-
-    enabled = True
+_CHECK = Switch("embedding_index_check", True)
 
 
-@contextlib.contextmanager
 def embedding_index_check(enabled: bool):
     """Turn the id range check of sharded lookups on or off inside a ``with`` block.
 
@@ -59,13 +55,7 @@ def embedding_index_check(enabled: bool):
     >>> with embedding_index_check(False):     # doctest: +SKIP
     ...     out = F.embedding(ids, w)
     """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"embedding_index_check(enabled={enabled!r}): pass True or False")
-    prev, _Check.enabled = _Check.enabled, enabled
-    try:
-        yield
-    finally:
-        _Check.enabled = prev
+    return _CHECK.set(enabled)
 
 
 def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> None:
@@ -173,7 +163,7 @@ def _embedding_local(schema, decision, out_specs, mesh, coord) -> Optional[Local
 
     def kernel(op, args, kwargs):
         weight, ids = args[0], args[1]
-        if _Check.enabled:
+        if _CHECK.enabled:
             _check_ids(ids, v, mesh, sharded)
         if rowwise:
             return rowwise_lookup(weight, ids, offset)
@@ -272,7 +262,7 @@ def _renorm_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalPla
 
     def kernel(op, args, kwargs):
         weight, ids = args[0], args[1]
-        if _Check.enabled:
+        if _CHECK.enabled:
             _check_ids(ids, v, mesh, ())
         if rowwise:
             local = ids - offset
