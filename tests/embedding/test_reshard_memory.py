@@ -138,7 +138,7 @@ def test_kept_tables_stay_in_place():
 
 
 def test_move_in_place_like_memmove():
-    from shardwise.embedding.reshard_move import _move_in_place
+    from shardwise.embedding.reshard_schedule import move_in_place as _move_in_place
     for n in (1, 2, 3, 50, 1000):
         layouts = {   # (source, destination) views of one buffer
             "rows to a column block": lambda b: (b[:n * 64].view(n, 64)[:, :32], b[:n * 32].view(n, 32)),
