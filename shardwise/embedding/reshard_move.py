@@ -192,5 +192,7 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
     if dist.get_backend(group) != "gloo":
         _in_one_batch(steps, group)
     else:
-        run_schedule(steps, group, ring=_RING_BUFFERS, patience=_PATIENCE_S)
+        # the module keeps the schedule's buffers for its next reshard (release_reshard_buffers)
+        scratch = module.__dict__.setdefault("_reshard_scratch", [])
+        run_schedule(steps, group, ring=_RING_BUFFERS, patience=_PATIENCE_S, scratch=scratch)
     return local_bytes

@@ -30,6 +30,7 @@ import heapq
 import queue
 import threading
 from collections import deque
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -74,6 +75,7 @@ class _Waiter:
 
 
 SEND, RECV, COPY = "send", "recv", "copy"
+_PACKS = 4      # packed sends in flight: enough to keep the wire busy while the main thread packs on
 
 
 class _Op:
@@ -204,9 +206,48 @@ def _copy(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class _Pool:
+    """Byte buffers of one size for packed sends and ring receives, at most ``caps[use]`` in use each.
+
+    Buffers come from ``scratch`` (a list the caller keeps) and new ones are added to it: a reshard
+    reuses the previous one's buffers instead of faulting fresh pages in again (here that costs about
+    as much as copying the same bytes twice)."""
+
+    def __init__(self, scratch: list, nbytes: int, device, ring: int, packs: int):
+        usable = [b for b in scratch if b.numel() >= nbytes and b.device == torch.device(device)]
+        scratch[:] = usable      # buffers too small for this move would never be used again
+        # new ones as big as the kept ones: a later move that needs less reuses them all
+        self.scratch, self.device = scratch, device
+        self.nbytes = max([nbytes] + [b.numel() for b in usable])
+        self.free = list(usable)
+        self.caps, self.used = {"ring": ring, "pack": packs}, {"ring": 0, "pack": 0}
+
+    def take(self, use: str):
+        if self.used[use] >= self.caps[use]:
+            return None
+        if not self.free:
+            buf = fresh((self.nbytes,), torch.uint8, self.device)
+            self.scratch.append(buf)
+            self.free.append(buf)
+        self.used[use] += 1
+        return self.free.pop()
+
+    def give(self, buf, use: str) -> None:
+        self.used[use] -= 1
+        self.free.append(buf)
+
+    def grow(self) -> None:
+        self.caps["ring"] += 1
+        self.caps["pack"] += 1
+
+
+def _view(slot: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return slot[:like.numel() * like.element_size()].view(like.dtype).view(like.shape)
+
+
 class _Schedule:
-    def __init__(self, steps: list, group, ring: int, patience: float):
-        self.group, self.patience, self.limit, self.made = group, patience, ring, 0
+    def __init__(self, steps: list, group, ring: int, patience: float, scratch: list):
+        self.group, self.patience = group, patience
         self.ops = [_Op(i, *s) for i, s in enumerate(steps)]
         _link(self.ops)
         self.cond = threading.Condition()
@@ -216,9 +257,12 @@ class _Schedule:
         self.ready: list = []              # heap of local work (packs, copies) ready to run
         self.unposted: deque = deque()     # receives not posted yet, plan order
         self.arrived: list = []            # ring receives arrived whose memory is free
-        self.free: list = []
-        self.slot_bytes = max((op.dst.numel() * op.dst.element_size() for op in self.ops if op.kind == RECV),
-                              default=0)
+        self.blocked: list = []            # packs waiting for a buffer
+        nbytes = max((t.numel() * t.element_size() for op in self.ops for t in (op.src, op.dst)
+                      if t is not None and (op.kind == RECV or op.kind == SEND and not t.is_contiguous())),
+                     default=0)
+        device = next((t.device for op in self.ops for t in (op.src, op.dst) if t is not None), "cpu")
+        self.pool = _Pool(scratch, nbytes, device, ring, _PACKS)
         self.left = 0
 
     # -- events --------------------------------------------------------------------------------------
@@ -249,6 +293,12 @@ class _Schedule:
         for op in self.posted_sends[self.seen[0]:sends]:
             if not op.read:
                 self._read_done(op)
+            if op.slot is not None:      # a packed send: its buffer is free again
+                self.pool.give(op.slot, "pack")
+                op.slot = None
+                for b in self.blocked:
+                    self._queue(b)
+                self.blocked.clear()
         for op in self.posted_recvs[self.seen[1]:recvs]:
             if op.slot is not None and op.waiting == 0:
                 self.arrived.append(op)
@@ -279,7 +329,14 @@ class _Schedule:
 
     def _run_local(self, op: _Op) -> None:
         if op.kind == SEND:
-            self._send(op, op.src.contiguous())
+            op.slot = self.pool.take("pack")
+            if op.slot is None:          # every pack buffer is still being sent: try again later
+                op.queued = False
+                self.blocked.append(op)
+                return
+            buf = _view(op.slot, op.src)
+            buf.copy_(op.src)
+            self._send(op, buf)
             return
         if op.buf is not None:
             op.dst.copy_(op.buf)
@@ -299,14 +356,10 @@ class _Schedule:
             if op.posted >= 0:
                 self.unposted.popleft()
                 continue
-            if not self.free and self.made >= self.limit:
+            op.slot = self.pool.take("ring")
+            if op.slot is None:
                 break
-            if not self.free:
-                self.made += 1
-                self.free.append(fresh((self.slot_bytes,), torch.uint8, op.dst.device))
-            op.slot = self.free.pop()
-            nbytes = op.dst.numel() * op.dst.element_size()
-            self._recv(op, op.slot[:nbytes].view(op.dst.dtype).view(op.dst.shape))
+            self._recv(op, _view(op.slot, op.dst))
             self.unposted.popleft()
             moved = True
         return moved
@@ -315,7 +368,7 @@ class _Schedule:
         moved = bool(self.arrived)
         for op in self.arrived:
             op.dst.copy_(op.buf)
-            self.free.append(op.slot)
+            self.pool.give(op.slot, "ring")
             op.buf = op.slot = None
             op.finished = True
             self.left -= 1
@@ -359,8 +412,8 @@ class _Schedule:
                 progress = self.cond.wait_for(
                     lambda: (self.sends.done, self.recvs.done) != seen or self.sends.error or self.recvs.error,
                     self.patience)
-            if not progress and self.unposted:
-                self.limit += 1    # stuck with receives unposted: their senders may be waiting on us
+            if not progress and (self.unposted or self.blocked):
+                self.pool.grow()   # stuck with receives unposted: their senders may be waiting on us
             elif not progress and self.sends.done == self.sends.posted and self.recvs.done == self.recvs.posted:
                 # nothing in flight and nothing local can run: a bug in the waits, never the peers' fault
                 raise AssertionError(f"reshard schedule stuck with {self.left} steps left and no message in flight")
@@ -372,12 +425,13 @@ class _Schedule:
             self.recvs.close()
 
 
-def run_schedule(steps: list, group, *, ring: int, patience: float) -> None:
+def run_schedule(steps: list, group, *, ring: int, patience: float, scratch: Optional[list] = None) -> None:
     """Carry out ``steps`` in plan order: ``(SEND, src, None, peer, tag)``, ``(RECV, None, dst, peer,
     tag)`` or ``(COPY, src, dst)`` (peers are group ranks), each write waiting only for the reads of
     the memory it overwrites. ``ring``: receive buffers to start with; ``patience``: seconds without
-    progress before the ring grows."""
-    sched = _Schedule(steps, group, ring, patience)
+    progress before the ring grows; ``scratch``: a list of buffers to reuse and to leave the buffers
+    in for the next call (None: fresh ones, dropped afterwards)."""
+    sched = _Schedule(steps, group, ring, patience, [] if scratch is None else scratch)
     try:
         sched.start()
         sched.run()

@@ -58,13 +58,24 @@ class _AsIfNotGloo:
 
 
 def reshard_chain(rank, world, chain, one_batch=False):
-    """Tiny messages and a one-buffer ring (so receives queue up behind sends and the ring has to
-    grow); after each reshard every weight and state tensor is bit for bit what it was; training
-    and a forward afterwards match a fresh sharding."""
-    from shardwise.embedding import reshard_move
+    """Tiny messages, a one-buffer ring and one pack buffer (so receives queue up behind sends and
+    the ring has to grow); after each reshard every weight and state tensor is bit for bit what it
+    was; training and a forward afterwards match a fresh sharding."""
+    from shardwise.embedding import reshard_move, reshard_schedule
+    saved = (reshard_move._CHUNK_BYTES, reshard_move._RING_BUFFERS, reshard_move._PATIENCE_S,
+             reshard_schedule._PACKS, reshard_move.dist)
     reshard_move._CHUNK_BYTES, reshard_move._RING_BUFFERS, reshard_move._PATIENCE_S = 48, 1, 0.001
+    reshard_schedule._PACKS = 1
     if one_batch:
         reshard_move.dist = _AsIfNotGloo()
+    try:    # the worker processes are reused by later tests: leave the module as it was
+        return _chain(rank, world, chain)
+    finally:
+        (reshard_move._CHUNK_BYTES, reshard_move._RING_BUFFERS, reshard_move._PATIENCE_S,
+         reshard_schedule._PACKS, reshard_move.dist) = saved
+
+
+def _chain(rank, world, chain):
     mesh = mesh_for(world, 1)
     ebc = common.make_ebc(seed=11)
     plan = dict(chain[0])
@@ -135,6 +146,29 @@ def kept_in_place(rank, world):
 
 def test_kept_tables_stay_in_place():
     assert run_on_ranks(kept_in_place, 2, timeout=120.0) == [(True, True)] * 2
+
+
+def reused_buffers(rank, world):
+    """Row- to column-wise and back, twice: the ring and pack buffers of the first round trip are the
+    ones the second uses (no fresh pages), and release_reshard_buffers frees them."""
+    mesh = mesh_for(world, 1)
+    rw = {"t_a": common.row_wise(), "t_b": common.row_wise(), "t_tiny": table_wise(1), "t_c": table_wise(0)}
+    cw = {"t_a": common.column_wise([0, 1]), "t_b": common.column_wise([1, 0])}
+    mod = shard(common.make_ebc(seed=13), rw, mesh=mesh, optimizer=ADAM)
+    before = full_state(mod)
+    reshard(mod, cw)
+    reshard(mod, {n: rw[n] for n in cw})
+    first = [(b.data_ptr(), b.numel()) for b in mod._reshard_scratch]
+    reshard(mod, cw)
+    reshard(mod, {n: rw[n] for n in cw})
+    again = [(b.data_ptr(), b.numel()) for b in mod._reshard_scratch]
+    same = all(bits_equal(before[k], v) for k, v in full_state(mod).items())
+    # (a stall may still add a buffer in the second round; the first round's must all be reused)
+    return again[:len(first)] == first and len(first) > 0, mod.release_reshard_buffers() > 0, mod._reshard_scratch == [], same
+
+
+def test_reshard_buffers_are_reused_and_released():
+    assert run_on_ranks(reused_buffers, 2, timeout=120.0) == [(True, True, True, True)] * 2
 
 
 def test_move_in_place_like_memmove():
