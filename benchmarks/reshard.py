@@ -7,6 +7,12 @@ state) between preallocated buffers, measured in the same processes right after 
 TorchRec 1.8's ``reshard`` runs in its own interpreter on the moves it supports (table- and
 column-wise placement changes); it is skipped with a message where none is installed.
 
+``ms`` is the median over both directions, ``ms_each_way`` per direction. ``cpu_ms`` and
+``floor_cpu_ms``: CPU seconds of rank 0's process (all its threads, gloo's included) for one reshard
+and for the floor. With as many ranks as cores the wire is CPU-bound, so every copy a move needs
+beyond the transfer (packing column slices, moving kept rows into another layout, staging receives
+that land where a send still reads) shows up one for one in the wall time.
+
     .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
     .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
 
@@ -70,13 +76,14 @@ class _Floor:
         self.send, self.out = torch.ones(sum(self.splits_in)), torch.empty(sum(self.splits_out))
         self.run(False)   # warm: the floor's buffers have been written once, as a reshard's old shards have
 
-    def run(self, fresh: bool) -> float:
+    def run(self, fresh: bool) -> tuple:
+        """(wall seconds, this process's CPU seconds, all its threads)."""
         out = torch.empty(sum(self.splits_out)) if fresh else self.out
         dist.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         dist.all_to_all_single(out, self.send, self.splits_out, self.splits_in)
         dist.barrier()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
 def run_ours(rank, world, args, move):
@@ -94,20 +101,49 @@ def run_ours(rank, world, args, move):
     changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
     stats = [reshard(mod, c) for c in changes][0]   # the first round trip is the warm-up
     floor = _Floor(stats.bytes_matrix, rank)
-    times, floors, fresh = [], [], []
+    times, cpu, floors, floor_cpu, fresh = [], [], [], [], []
     for i in range(2 * args.reps):
         # each reshard is followed by the floor in the same seconds: on a shared machine, load that
         # comes and goes then hits both alike
         dist.barrier()
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         reshard(mod, changes[i % 2])
         dist.barrier()
         times.append(time.perf_counter() - t0)
-        floors.append(floor.run(False))
-        fresh.append(floor.run(True))
-    return {"ms": statistics.median(times) * 1e3, "floor_ms": statistics.median(floors) * 1e3,
-            "floor_fresh_ms": statistics.median(fresh) * 1e3, "bytes_sent": stats.bytes_sent,
+        cpu.append(time.process_time() - c0)
+        wall, used = floor.run(False)
+        floors.append(wall)
+        floor_cpu.append(used)
+        fresh.append(floor.run(True)[0])
+    ms = lambda xs: statistics.median(xs) * 1e3   # noqa: E731
+    return {"ms": ms(times), "ms_each_way": [round(ms(times[0::2]), 1), round(ms(times[1::2]), 1)],
+            "cpu_ms": ms(cpu), "floor_ms": ms(floors), "floor_cpu_ms": ms(floor_cpu),
+            "floor_fresh_ms": ms(fresh), "bytes_sent": stats.bytes_sent,
             "tables_moved": len(stats.tables_moved)}
+
+
+def run_torch_dtensor(rank, world, args, move):
+    """PyTorch DTensor's redistribute of the same tensors for ``rw_to_cw``: every moved table's weight
+    and Adagrad state, ``Shard(0)`` -> ``Shard(1)`` and back (the same bytes cross the wire)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (world,))
+    rows = args.rows // world
+    moved = sum(1 for k, _ in plans(move, args.tables)[1].values() if k == "cw")
+    tensors = [DTensor.from_local(torch.randn(rows, args.dim), mesh, [Shard(0)], run_check=False)
+               for _ in range(2 * moved)]
+    targets, times = ([Shard(1)], [Shard(0)]), []
+    for i in range(2 * (args.reps + 1)):
+        dist.barrier()
+        t0 = time.perf_counter()
+        tensors = [t.redistribute(mesh, targets[i % 2]) for t in tensors]
+        for t in tensors:     # a functional collective may still be in flight: reading waits for it
+            t.to_local()[0, 0].item()
+        dist.barrier()
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return {"ms": statistics.median(times) * 1e3}
 
 
 # ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------
@@ -181,10 +217,14 @@ def main(argv=None) -> None:
     for move in moves:
         ours = spawn(run_ours, 2, args, move)
         rec = {"bench": "reshard", "move": move, **shape, "bytes_sent_per_rank": ours["bytes_sent"],
-               "tables_moved": ours["tables_moved"], "ms": round(ours["ms"], 1),
+               "tables_moved": ours["tables_moved"], "ms": round(ours["ms"], 1), "ms_each_way": ours["ms_each_way"],
                "floor_ms": round(ours["floor_ms"], 1), "ratio_vs_floor": round(ours["ms"] / ours["floor_ms"], 3),
+               "cpu_ms": round(ours["cpu_ms"], 1), "floor_cpu_ms": round(ours["floor_cpu_ms"], 1),
                "floor_fresh_ms": round(ours["floor_fresh_ms"], 1),
                "ratio_vs_floor_fresh": round(ours["ms"] / ours["floor_fresh_ms"], 3)}
+        if move == "rw_to_cw":
+            theirs = spawn(run_torch_dtensor, 2, args, move)["ms"]
+            rec.update(torch_dtensor_ms=round(theirs, 1), ratio_vs_torch_dtensor=round(ours["ms"] / theirs, 3))
         if move in TORCHREC_MOVES:
             theirs, why = torchrec_ms(args, move)
             if theirs is None:
