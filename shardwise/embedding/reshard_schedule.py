@@ -67,15 +67,17 @@ class _Waiter:
                 self.done += 1
                 self._cond.notify_all()
 
-    def close(self) -> None:
+    def close(self, timeout: Optional[float] = None) -> None:
+        """Wait for every work added (``timeout``: give up after that many seconds -- only after a
+        failure, when a peer may never answer; the thread is a daemon)."""
         self._q.put(None)
-        self._thread.join()
-        if self.error is not None:
+        self._thread.join(timeout)
+        if self.error is not None and timeout is None:
             raise self.error
 
 
 SEND, RECV, COPY = "send", "recv", "copy"
-_PACKS = 4      # packed sends in flight: enough to keep the wire busy while the main thread packs on
+_PACKS = 4      # pooled buffers for packed sends in flight (beyond that, after a stall: temporaries)
 
 
 class _Op:
@@ -200,6 +202,11 @@ def _remote(ops: list) -> set:
     return out
 
 
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    (a0, a1), (b0, b1) = span(a), span(b)
+    return a0 < b1 and b0 < a1
+
+
 def _copy(t: torch.Tensor) -> torch.Tensor:
     out = fresh(t.shape, t.dtype, t.device)
     out.copy_(t)
@@ -238,7 +245,10 @@ class _Pool:
 
     def grow(self) -> None:
         self.caps["ring"] += 1
-        self.caps["pack"] += 1
+
+    def trim(self, keep: int) -> None:
+        """Keep at most ``keep`` buffers for the next call (a stall may have grown the ring)."""
+        del self.scratch[keep:]
 
 
 def _view(slot: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -252,8 +262,12 @@ class _Schedule:
         _link(self.ops)
         self.cond = threading.Condition()
         self.sends, self.recvs = _Waiter(self.cond, "reshard-sends"), _Waiter(self.cond, "reshard-recvs")
-        self.posted_sends, self.posted_recvs = [], []
-        self.seen = (0, 0)
+        # packed sends are waited for on their own thread: a pack buffer comes back as soon as its
+        # send is done, not after every contiguous send posted before it
+        self.packs = _Waiter(self.cond, "reshard-packs")
+        self.posted_sends, self.posted_recvs, self.posted_packs = [], [], []
+        self.seen = (0, 0, 0)
+        self.keep = ring + _PACKS
         self.ready: list = []              # heap of local work (packs, copies) ready to run
         self.unposted: deque = deque()     # receives not posted yet, plan order
         self.arrived: list = []            # ring receives arrived whose memory is free
@@ -287,13 +301,16 @@ class _Schedule:
         elif op.posted < self.seen[1]:
             self.arrived.append(op)
 
+    def _counts(self) -> tuple:
+        return self.sends.done, self.recvs.done, self.packs.done
+
     def _absorb(self) -> None:
         """Sends and receives finished since last time (under the lock)."""
-        sends, recvs = self.sends.done, self.recvs.done
+        sends, recvs, packs = self._counts()
         for op in self.posted_sends[self.seen[0]:sends]:
-            if not op.read:
-                self._read_done(op)
-            if op.slot is not None:      # a packed send: its buffer is free again
+            self._read_done(op)
+        for op in self.posted_packs[self.seen[2]:packs]:
+            if op.slot is not None:      # its pack buffer is free again
                 self.pool.give(op.slot, "pack")
                 op.slot = None
                 for b in self.blocked:
@@ -302,8 +319,8 @@ class _Schedule:
         for op in self.posted_recvs[self.seen[1]:recvs]:
             if op.slot is not None and op.waiting == 0:
                 self.arrived.append(op)
-        self.seen = (sends, recvs)
-        for w in (self.sends, self.recvs):
+        self.seen = (sends, recvs, packs)
+        for w in (self.sends, self.recvs, self.packs):
             if w.error is not None:
                 raise w.error
 
@@ -312,9 +329,13 @@ class _Schedule:
         return dist.get_global_rank(self.group, op.peer)
 
     def _send(self, op: _Op, buf: torch.Tensor) -> None:
-        self.sends.add(dist.isend(buf, self._peer(op), self.group, op.tag))
-        self.posted_sends.append(op)
-        if buf is not op.src:
+        work = dist.isend(buf, self._peer(op), self.group, op.tag)
+        if buf is op.src:
+            self.sends.add(work)
+            self.posted_sends.append(op)
+        else:
+            self.packs.add(work)
+            self.posted_packs.append(op)
             self._read_done(op)      # packed: its old memory is read already
         if not op.finished:
             op.finished = True
@@ -340,6 +361,8 @@ class _Schedule:
             return
         if op.buf is not None:
             op.dst.copy_(op.buf)
+        elif not _overlap(op.src, op.dst):
+            op.dst.copy_(op.src)
         elif not move_in_place(op.src, op.dst):
             op.buf = _copy(op.src)
             self._read_done(op)
@@ -409,20 +432,39 @@ class _Schedule:
             if moved:
                 continue
             with self.cond:
-                progress = self.cond.wait_for(
-                    lambda: (self.sends.done, self.recvs.done) != seen or self.sends.error or self.recvs.error,
-                    self.patience)
-            if not progress and (self.unposted or self.blocked):
-                self.pool.grow()   # stuck with receives unposted: their senders may be waiting on us
-            elif not progress and self.sends.done == self.sends.posted and self.recvs.done == self.recvs.posted:
-                # nothing in flight and nothing local can run: a bug in the waits, never the peers' fault
-                raise AssertionError(f"reshard schedule stuck with {self.left} steps left and no message in flight")
+                progress = self.cond.wait_for(lambda: self._counts() != seen or any(
+                    w.error for w in (self.sends, self.recvs, self.packs)), self.patience)
+            if not progress:
+                self._unstick()
 
-    def close(self) -> None:
+    def _unstick(self) -> None:
+        """Nothing moved for a while. Receives waiting for a ring buffer may be what the peers' sends
+        wait for: grow the ring. Packs waiting for a buffer may be what our own held-back receives
+        wait for, while the peers wait for those: pack them into temporaries now (transient memory of
+        moved data; the pool stays small)."""
+        if self.unposted:
+            self.pool.grow()
+        for op in self.blocked:
+            buf = _copy(op.src)
+            self._send(op, buf)
+        if not self.unposted and not self.blocked and all(
+                w.done == w.posted for w in (self.sends, self.recvs, self.packs)):
+            # nothing in flight and nothing local can run: a bug in the waits, never the peers' fault
+            raise AssertionError(f"reshard schedule stuck with {self.left} steps left and no message in flight")
+        self.blocked.clear()
+
+    def close(self, failed: bool) -> None:
+        """Wait for every message; after a failure only briefly (a peer may never answer), and drop
+        the pool, whose buffers gloo may still be writing into."""
+        timeout = 1.0 if failed else None
         try:
-            self.sends.close()
+            for w in (self.sends, self.recvs, self.packs):
+                w.close(timeout)
         finally:
-            self.recvs.close()
+            if failed:
+                self.pool.scratch.clear()
+            else:
+                self.pool.trim(self.keep)
 
 
 def run_schedule(steps: list, group, *, ring: int, patience: float, scratch: Optional[list] = None) -> None:
@@ -435,5 +477,7 @@ def run_schedule(steps: list, group, *, ring: int, patience: float, scratch: Opt
     try:
         sched.start()
         sched.run()
-    finally:
-        sched.close()
+    except BaseException:
+        sched.close(failed=True)
+        raise
+    sched.close(failed=False)

@@ -148,8 +148,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return reshard(self, changes, **kwargs)
 
     def release_reshard_buffers(self) -> int:
-        """Free the buffers a reshard keeps for the next one (its receive ring and pack buffers, a few
-        4 MiB buffers: faulting fresh pages in costs about as much as copying the bytes twice, so
+        """Free the buffers a reshard keeps for the next one (its receive ring and pack buffers, 12 x
+        4 MiB at most: faulting fresh pages in costs about as much as copying the bytes twice, so
         they are reused). Returns the bytes released; the next reshard allocates them again.
 
         Example:
