@@ -10,9 +10,9 @@ that cannot be placed so get fresh memory, advised to use 2 MiB pages (one fault
 Carving never leaves memory dead: a region of old buffers is reused only if new buffers cover it
 completely, so after the reshard every byte of kept storage belongs to some new buffer.
 
-Because new buffers may then overlap old shards that are still being sent or copied, every write is
-checked against the byte spans still to be read (:class:`Spans`); a write that overlaps one goes to
-a temporary and lands after the reads are done (see ``reshard._exchange``).
+Because new buffers may then overlap old shards that are still being sent or copied, a write must
+wait for the reads of the bytes it overwrites (``span``): ``reshard_schedule`` orders the gloo move
+by exactly that, and the one-batch path for other backends checks writes against :class:`Spans`.
 """
 
 from __future__ import annotations

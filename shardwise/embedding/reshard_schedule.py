@@ -16,11 +16,13 @@ is ready, receives first, then local work in plan order:
   place block by block (like ``memmove``); copies waiting on each other in a cycle read their source
   into a temporary first.
 
-Sends and receives are waited for on two helper threads (gloo's point-to-point works cannot be
-polled, and each must be waited exactly once), which wake the main thread. If nothing moves for a
-while and receives are still unposted, the ring grows by a buffer: the peer's sends then flow and no
-pair of ranks waits on each other. Which messages go where never depends on the schedule -- only when
-each is posted and where it lands first.
+Sends, packed sends and receives are waited for on three helper threads (gloo's point-to-point works
+cannot be polled and have no futures, and each must be waited exactly once), which wake the main
+thread. If nothing moves for a while, the ring grows by a buffer when receives are still unposted
+(the peers' sends may wait for them), and packs still waiting for a pooled buffer go out through
+temporaries (our held-back receives may wait for them while the peers wait for those receives): no
+pair of ranks waits on each other. Which messages go where never depends on the schedule -- only
+when each is posted and where it lands first.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class _Op:
         self.read = src is None   # this op's read of old memory is done
         self.queued = self.finished = False
         self.buf = None           # where the data sits before it lands (ring slot view or temporary)
-        self.slot = None          # the ring buffer behind ``buf``
+        self.slot = None          # the pooled buffer behind a ring receive or a packed send
         self.posted = -1          # receive: index in the receive waiter
 
     def __lt__(self, other: "_Op") -> bool:
@@ -260,6 +262,11 @@ class _Schedule:
         self.group, self.patience = group, patience
         self.ops = [_Op(i, *s) for i, s in enumerate(steps)]
         _link(self.ops)
+        nbytes = max((t.numel() * t.element_size() for op in self.ops for t in (op.src, op.dst)
+                      if t is not None and (op.kind == RECV or op.kind == SEND and not t.is_contiguous())),
+                     default=0)
+        device = next((t.device for op in self.ops for t in (op.src, op.dst) if t is not None), "cpu")
+        self.pool = _Pool(scratch, nbytes, device, ring, _PACKS)
         self.cond = threading.Condition()
         self.sends, self.recvs = _Waiter(self.cond, "reshard-sends"), _Waiter(self.cond, "reshard-recvs")
         # packed sends are waited for on their own thread: a pack buffer comes back as soon as its
@@ -272,11 +279,6 @@ class _Schedule:
         self.unposted: deque = deque()     # receives not posted yet, plan order
         self.arrived: list = []            # ring receives arrived whose memory is free
         self.blocked: list = []            # packs waiting for a buffer
-        nbytes = max((t.numel() * t.element_size() for op in self.ops for t in (op.src, op.dst)
-                      if t is not None and (op.kind == RECV or op.kind == SEND and not t.is_contiguous())),
-                     default=0)
-        device = next((t.device for op in self.ops for t in (op.src, op.dst) if t is not None), "cpu")
-        self.pool = _Pool(scratch, nbytes, device, ring, _PACKS)
         self.left = 0
 
     # -- events --------------------------------------------------------------------------------------
