@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["fresh", "span", "Spans", "NewBuffer", "carve"]
+__all__ = ["fresh", "fresh_copy", "span", "Spans", "NewBuffer", "carve"]
 
 _HUGE_PAGE = 2 << 20
 _MADV_HUGEPAGE = 14
@@ -36,6 +36,13 @@ def fresh(shape, dtype, device) -> torch.Tensor:
     if t.device.type == "cpu" and sys.platform.startswith("linux") and t.numel() * t.element_size() >= 4 * _HUGE_PAGE:
         _advise_huge_pages(t)
     return t
+
+
+def fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of ``t`` in :func:`fresh` memory (a temporary that must outlive the reads)."""
+    out = fresh(t.shape, t.dtype, t.device)
+    out.copy_(t)
+    return out
 
 
 def _advise_huge_pages(t: torch.Tensor) -> None:

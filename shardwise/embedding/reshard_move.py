@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .reshard_memory import NewBuffer, Spans, carve, fresh, span
+from .reshard_memory import NewBuffer, Spans, carve, fresh, fresh_copy, span
 from .reshard_schedule import COPY, RECV, SEND, run_schedule
 from .sharding import SHARDERS
 from .shards import local_layout
@@ -143,11 +143,6 @@ def _plan(module, pieces: list, kept: list, kinds: list, indexes: tuple, chunk_b
     return [s for s in steps if s[0] != COPY or not _same_memory(s[1], s[2])], local_bytes
 
 
-def _copy(t: torch.Tensor) -> torch.Tensor:
-    out = fresh(t.shape, t.dtype, t.device)
-    out.copy_(t)
-    return out
-
 
 def _in_one_batch(steps: list, group) -> None:
     """Every message in one ``batch_isend_irecv`` in the shared order. For backends other than gloo:
@@ -160,7 +155,7 @@ def _in_one_batch(steps: list, group) -> None:
     for kind, src, dst, *peer_tag in steps:
         if kind == COPY:
             if reads.meets(span(dst)):
-                later.append((_copy(src), dst))
+                later.append((fresh_copy(src), dst))
             else:
                 direct.append((src, dst))
             continue
@@ -193,6 +188,5 @@ def exchange(module, pieces: list, kept: list, kinds: list, indexes: tuple) -> i
         _in_one_batch(steps, group)
     else:
         # the module keeps the schedule's buffers for its next reshard (release_reshard_buffers)
-        scratch = module.__dict__.setdefault("_reshard_scratch", [])
-        run_schedule(steps, group, ring=_RING_BUFFERS, patience=_PATIENCE_S, scratch=scratch)
+        run_schedule(steps, group, ring=_RING_BUFFERS, patience=_PATIENCE_S, scratch=module._reshard_scratch)
     return local_bytes

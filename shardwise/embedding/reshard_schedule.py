@@ -37,7 +37,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .reshard_memory import fresh, span
+from .reshard_memory import fresh, fresh_copy, span
 
 __all__ = ["run_schedule", "move_in_place", "SEND", "RECV", "COPY"]
 
@@ -209,11 +209,6 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
-def _copy(t: torch.Tensor) -> torch.Tensor:
-    out = fresh(t.shape, t.dtype, t.device)
-    out.copy_(t)
-    return out
-
 
 class _Pool:
     """Byte buffers of one size for packed sends and ring receives, at most ``caps[use]`` in use each.
@@ -366,7 +361,7 @@ class _Schedule:
         elif not _overlap(op.src, op.dst):
             op.dst.copy_(op.src)
         elif not move_in_place(op.src, op.dst):
-            op.buf = _copy(op.src)
+            op.buf = fresh_copy(op.src)
             self._read_done(op)
             op.dst.copy_(op.buf)
         op.buf, op.finished = None, True
@@ -410,7 +405,7 @@ class _Schedule:
             if op.kind == SEND and op.src.is_contiguous():
                 self._send(op, op.src)
         for op in staged:
-            op.buf = _copy(op.src)
+            op.buf = fresh_copy(op.src)
             self._read_done(op)
         remote = _remote(self.ops)
         for op in self.ops:
@@ -447,7 +442,7 @@ class _Schedule:
         if self.unposted:
             self.pool.grow()
         for op in self.blocked:
-            buf = _copy(op.src)
+            buf = fresh_copy(op.src)
             self._send(op, buf)
         if not self.unposted and not self.blocked and all(
                 w.done == w.posted for w in (self.sends, self.recvs, self.packs)):

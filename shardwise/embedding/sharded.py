@@ -86,6 +86,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._dtype = next(iter(weights.values())).dtype
         # A leaf that every backward collective hangs on, so ranks without shards still take part.
         self._anchor = torch.empty(0, device=topo.device, requires_grad=True)
+        self._reshard_scratch: list = []   # a reshard's ring and pack buffers, kept for the next one
         self._groups: list[_Group] = []
         for st in ShardingType:   # enum order: the same group order on every rank
             tables = [t for t in self._tables if plan[t.name].sharding_type == st]
@@ -156,9 +157,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             >>> sharded.reshard({"t0": row_wise()}); sharded.release_reshard_buffers()   # doctest: +SKIP
             50331648
         """
-        scratch = self.__dict__.get("_reshard_scratch", [])
-        freed = sum(b.numel() * b.element_size() for b in scratch)
-        scratch.clear()
+        freed = sum(b.numel() * b.element_size() for b in self._reshard_scratch)
+        self._reshard_scratch.clear()
         return freed
 
     def _reset_load_stats(self) -> None:
