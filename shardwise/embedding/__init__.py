@@ -7,12 +7,12 @@ Example:
     ...                 optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))   # doctest: +SKIP
 """
 
-from .collection import EmbeddingBagCollection
-from .config import EmbeddingBagConfig, PoolingType
-from .fused_optimizer import FusedOptimizer
-from .optim import RowWiseAdagrad
+from .collection import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+from .optim import FusedOptimizer, RowWiseAdagrad
 from .plan import (
+    EmbeddingShardingPlanner,
     ParameterSharding,
+    PlanEstimate,
     ShardBox,
     ShardingType,
     column_wise,
@@ -21,11 +21,9 @@ from .plan import (
     table_row_wise,
     table_wise,
 )
-from .planner import EmbeddingShardingPlanner, PlanEstimate
-from .rebalance import LoadStats, propose_rebalance
-from .reshard import ReshardStats, current_plan, reshard
-from .sharded import ShardedEmbeddingBagCollection, shard
-from .sharded_tensor import ShardedTable
+from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
+from .sharded_collection import ShardedEmbeddingBagCollection, shard
+from .sharded_table import ShardedTable
 
 __all__ = [
     "EmbeddingBagConfig", "PoolingType", "EmbeddingBagCollection",

@@ -72,7 +72,7 @@ def _module_stats(sharded, measured):
     if hasattr(sharded, "load_stats"):
         return sharded.load_stats()
     if hasattr(sharded, "_lookup_counter"):
-        from ..embedding.rebalance import load_stats
+        from ..embedding.reshard import load_stats
 
         return load_stats(sharded)
     return measured

@@ -100,7 +100,7 @@ def test_row_wise_adagrad_dense_rule():
 def test_state_dict_layout_detection():
     # which box layouts are exactly a DTensor placement (Replicate / Shard(0) / Shard(1)) on 1-D meshes
     from shardwise.embedding.plan import ShardBox
-    from shardwise.embedding.state import _placement
+    from shardwise.embedding.state_dict import _placement
 
     def rows(blocks):
         return [ShardBox("t", r, o, n, 0, 4) for r, (o, n) in enumerate(blocks)]

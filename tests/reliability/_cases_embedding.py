@@ -328,13 +328,13 @@ def reshard_rowwise_adagrad_to_columns(rank, world):
 
 
 def rebalance_bad_stats(rank, world):
-    from shardwise.embedding.rebalance import propose_rebalance
+    from shardwise.embedding.reshard import propose_rebalance
 
     return lambda: propose_rebalance({"ta": 3}, 1 << 20), []
 
 
 def rebalance_negative_budget(rank, world):
-    from shardwise.embedding.rebalance import load_stats, propose_rebalance
+    from shardwise.embedding.reshard import load_stats, propose_rebalance
 
     s = _sharded()
     _train_one_step(s)

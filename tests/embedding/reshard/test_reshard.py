@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from shardwise.embedding import column_wise, data_parallel, reshard, row_wise, shard, table_row_wise, table_wise
 from shardwise.testing import run_on_ranks
 
-from . import common
-from .workers import mesh_for
+from .. import common
+from ..workers import mesh_for
 
 ADAM = functools.partial(torch.optim.Adam, lr=0.05)
 OPTS = {"sgd": common.SGD, "adagrad": common.ADAGRAD, "adam": ADAM}

@@ -2,10 +2,10 @@
 
 The whole move is planned from shard boxes that every rank knows: the overlap of each table's old
 and new boxes gives a list of pieces (table, source rank, destination rank, rectangle). Pieces whose
-source and destination are the same rank are copied locally; the rest cross the wire in one batch
-of point-to-point messages (tags = positions in the shared piece list), straight from the old shard
-views into the new ones, carrying weights and every optimizer-state buffer of the moved tables.
-Only the sharding-type groups that gain or lose a table are rebuilt; the others are left alone.
+source and destination are the same rank are copied locally; the rest cross the wire in rounds of
+bounded messages (``executor``), carrying weights and every optimizer-state buffer of the moved
+tables. Only the sharding-type groups that gain or lose a table are rebuilt, into new stores; the
+others are left alone.
 
 Example:
     >>> stats = reshard(sharded, {"t0": row_wise(), "t1": table_wise(1)})   # doctest: +SKIP
@@ -22,14 +22,13 @@ from typing import Optional
 
 import torch
 
-from .comm import all_gather_ints
-from .reshard_memory import fresh
-from .reshard_move import exchange, local_index, new_layouts, new_memory, piece_numel
-from .plan import ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, \
-    table_row_wise, table_wise
-from .sharding import SHARDERS
+from ..plan.values import ParameterSharding, ShardingType
+from ..sharding import SHARDERS
+from ..sharding.comm import all_gather_ints
+from .executor import CHUNK_BYTES, exchange, local_index
+from .pieces import Piece, piece_numel, plan_pieces, state_kinds
 
-__all__ = ["ReshardStats", "Piece", "reshard", "current_plan", "plan_pieces", "changes_digest"]
+__all__ = ["ReshardStats", "reshard", "current_plan", "changes_digest"]
 
 
 @dataclass
@@ -44,47 +43,18 @@ class ReshardStats:
     bytes_local: int = 0
     wall_time_s: float = 0.0
     bytes_matrix: list = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Rows [r0, r1) x columns [c0, c1) of ``table`` going from ``src`` (inside ``src_box``) to
-    ``dst`` (inside ``dst_box``)."""
-
-    table: str
-    src: int
-    dst: int
-    r0: int
-    r1: int
-    c0: int
-    c1: int
-    src_box: ShardBox
-    dst_box: ShardBox
+    transient_bytes: int = 0     # most bytes of message buffers alive at once on this rank
 
 
 def current_plan(module) -> dict:
-    """``{table: ParameterSharding}`` that reproduces ``module``'s current boxes.
+    """``{table: ParameterSharding}`` that reproduces ``module``'s current boxes (each sharding class
+    reads its own boxes back).
 
     Example:
         >>> current_plan(sharded)["t0"]                          # doctest: +SKIP
         ParameterSharding(sharding_type=<ShardingType.ROW_WISE: 'row_wise'>, ranks=(0, 1), host_index=None)
     """
-    out = {}
-    for g in module._groups:
-        for t in g.spec.tables:
-            ranks = tuple(b.rank for b in g.spec.boxes if b.table == t.name)
-            st = g.sharding_type
-            if st == ShardingType.DATA_PARALLEL:
-                out[t.name] = data_parallel()
-            elif st == ShardingType.TABLE_WISE:
-                out[t.name] = table_wise(ranks[0])
-            elif st == ShardingType.ROW_WISE:
-                out[t.name] = row_wise(ranks)
-            elif st == ShardingType.COLUMN_WISE:
-                out[t.name] = column_wise(ranks)
-            else:
-                out[t.name] = table_row_wise(list(module._topo.hosts).index(ranks))
-    return {t.name: out[t.name] for t in module._tables}
+    return module.sharding_plan()
 
 
 def _canonical(changes) -> str:
@@ -105,11 +75,6 @@ def _canonical(changes) -> str:
 def changes_digest(changes) -> bytes:
     """sha256 of the canonical encoding of ``changes`` (never Python's per-process ``hash()``)."""
     return hashlib.sha256(_canonical(changes).encode()).digest()
-
-
-def _kinds(rule) -> list:
-    """(state name or None for the weight, 'elem' | 'row') in a fixed order shared by all ranks."""
-    return [(None, "elem")] + ([(n, k) for n, k in rule.state_shapes.items()] if rule is not None else [])
 
 
 def _new_boxes(module, changes: dict) -> dict:
@@ -144,57 +109,38 @@ def _step_vector(module) -> list:
     return [steps.get(t.name, -1) for t in module._tables]
 
 
-def _agree(module, changes, limit: Optional[int] = None) -> tuple:
-    """Validate everywhere, then agree: one all-gather of (digest, ok, steps). Raises the same error on
-    every rank before anything changes; returns ({table: new boxes}, {table: step})."""
+def _check_chunk(chunk_bytes) -> int:
+    if not isinstance(chunk_bytes, int) or isinstance(chunk_bytes, bool) or chunk_bytes < 64:
+        raise ValueError(f"reshard: chunk_bytes={chunk_bytes!r} must be an int >= 64 (bytes per message; the "
+                         f"default is {CHUNK_BYTES})")
+    return chunk_bytes
+
+
+def _agree(module, changes, limit: Optional[int], chunk_bytes) -> tuple:
+    """Validate everywhere, then agree: one all-gather of (digest, chunk size, ok, steps). Raises the same
+    error on every rank before anything changes; returns ({table: new boxes}, {table: step})."""
     topo = module._topo
     error, new = None, {}
+    chunk = chunk_bytes if isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool) else -1
     try:
+        _check_chunk(chunk_bytes)
         new = _new_boxes(module, changes)
         _memory_check(module, {**current_plan(module), **changes}, new, limit)
     except (TypeError, ValueError) as exc:
         error = exc
-    row = list(changes_digest(changes)) + [0 if error is None else 1] + _step_vector(module)
+    row = list(changes_digest(changes)) + [chunk, 0 if error is None else 1] + _step_vector(module)
     rows = all_gather_ints(row, topo.world_size, topo.group, topo.device)
-    if any(r[:32] != rows[0][:32] for r in rows):
-        differ = [r for r in range(topo.world_size) if rows[r][:32] != rows[0][:32]]
-        raise ValueError(f"reshard: changes differ across ranks (ranks {differ} differ from rank 0); every rank "
-                         f"must pass the same changes, nothing was moved")
+    if any(r[:33] != rows[0][:33] for r in rows):
+        differ = [r for r in range(topo.world_size) if rows[r][:33] != rows[0][:33]]
+        raise ValueError(f"reshard: changes differ across ranks (ranks {differ} differ from rank 0 in the changes or "
+                         f"chunk_bytes); every rank must pass the same changes and chunk_bytes, nothing was moved")
     if error is not None:
         raise error
-    bad = [r for r in range(topo.world_size) if rows[r][32]]
+    bad = [r for r in range(topo.world_size) if rows[r][33]]
     if bad:
         raise ValueError(f"reshard: ranks {bad} rejected the changes; nothing was moved")
-    steps = {t.name: max(r[33 + k] for r in rows) for k, t in enumerate(module._tables)}
+    steps = {t.name: max(r[34 + k] for r in rows) for k, t in enumerate(module._tables)}
     return new, steps
-
-
-def plan_pieces(tables: list, old: dict, new: dict, replicated: set) -> list:
-    """Overlap of old and new boxes, in a canonical order (table config order, new box, old box).
-
-    ``tables``: names in config order; ``old``/``new``: {table: [ShardBox]}; ``replicated``: tables
-    whose old boxes are full replicas (data-parallel) -- a destination reads its own replica when it
-    has one, else the replica on ``dst % replicas`` so the sources spread.
-    """
-    out = []
-    for name in tables:
-        if name not in new:
-            continue
-        olds = [b for b in old[name] if b.row_size > 0 and b.col_size > 0]
-        for nb in new[name]:
-            if nb.row_size == 0 or nb.col_size == 0:
-                continue
-            cands = olds
-            if name in replicated:
-                cands = [b for b in olds if b.rank == nb.rank] or [olds[nb.rank % len(olds)]]
-            for ob in cands:
-                r0, r1 = max(ob.row_offset, nb.row_offset), min(ob.row_offset + ob.row_size,
-                                                                nb.row_offset + nb.row_size)
-                c0, c1 = max(ob.col_offset, nb.col_offset), min(ob.col_offset + ob.col_size,
-                                                                nb.col_offset + nb.col_size)
-                if r1 > r0 and c1 > c0:
-                    out.append(Piece(name, ob.rank, nb.rank, r0, r1, c0, c1, ob, nb))
-    return out
 
 
 def _set_steps(groups: list, steps: dict) -> None:
@@ -231,7 +177,7 @@ def _check_steps(module, plan: dict, new_boxes: dict, steps: dict) -> None:
 def _memory_check(module, plan: dict, new_boxes: dict, limit: Optional[int]) -> None:
     if limit is None:
         return
-    kinds = _kinds(module.fused_optimizer.rule)
+    kinds = state_kinds(module.fused_optimizer.rule)
     item = torch.empty(0, dtype=module._dtype).element_size()
     per_rank = [0] * module._topo.world_size
     old = {b.table: [] for b in module.boxes()}
@@ -247,39 +193,60 @@ def _memory_check(module, plan: dict, new_boxes: dict, limit: Optional[int]) -> 
                          f"over max_bytes_per_rank={limit}; spread the tables over more ranks or raise the limit")
 
 
-def _rebuild_groups(module, plan: dict, affected: set, memory: dict) -> list:
-    """New group list in ShardingType order: affected types built afresh (buffers from ``memory`` --
-    carved out of the old stores -- or fresh and uninitialised, never a copy of the full tables), the
-    others kept as they are."""
+def _rebuild_groups(module, plan: dict, affected: set) -> list:
+    """New group list in ShardingType order: affected types built afresh with new, uninitialised
+    stores (the move writes every element; never a copy of the full tables), the others kept."""
     old = {g.sharding_type: g for g in module._groups}
     cols = next(iter(old.values())).spec.feature_cols
     rule, hp = module.fused_optimizer.rule, module.fused_optimizer.hp
-    dtype, device = module._dtype, module._topo.device
     groups = []
     for st in ShardingType:
         tables = [t for t in module._tables if plan[t.name].sharding_type == st]
         if not tables:
             continue
-        if st not in affected:
-            groups.append(old[st])
-            continue
-
-        def alloc(what, w, shape, st=st):
-            t = memory.get((st, what, w))
-            return t if t is not None and tuple(t.shape) == tuple(shape) else fresh(shape, dtype, device)
-        # no initial weights: the exchange writes every element of the new stores
-        groups.append(module._build_group(st, tables, plan, cols, None, rule, hp, alloc=alloc))
+        groups.append(old[st] if st not in affected else module._build_group(st, tables, plan, cols, None, rule, hp))
     return groups
 
 
-def _kept_pieces(layouts: dict, moved: set, me: int) -> list:
+def _kept_pieces(groups: list, moved: set, me: int) -> list:
     """Whole boxes of unmoved tables in rebuilt groups: they stay on this rank, unchanged."""
     return [Piece(b.table, me, me, b.row_offset, b.row_offset + b.row_size, b.col_offset,
                   b.col_offset + b.col_size, b, b)
-            for boxes, _, _ in layouts.values() for b in boxes if b.rank == me and b.table not in moved]
+            for g in groups for b in g.routing.boxes if b.rank == me and b.table not in moved]
 
 
-def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) -> ReshardStats:
+def _count_bytes(stats: ReshardStats, pieces: list, kinds: list, dtype, me: int) -> None:
+    item = torch.empty(0, dtype=dtype).element_size()
+    for p in pieces:
+        n = sum(piece_numel(p, k) for _, k in kinds) * item
+        if p.src != p.dst:
+            stats.bytes_sent[p.src] += n
+            stats.bytes_received[p.dst] += n
+            stats.bytes_matrix[p.src][p.dst] += n
+        elif p.src == me:
+            stats.bytes_local += n
+
+
+def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: ReshardStats, chunk: int) -> tuple:
+    """Rebuild the affected groups with new stores and fill them: the moved pieces and, inside the
+    rebuilt groups, the unmoved tables' boxes (local copies). Returns (all groups, rebuilt groups)."""
+    topo = module._topo
+    old_index = local_index([g for g in module._groups if g.sharding_type in affected])
+    groups = _rebuild_groups(module, plan, affected)
+    rebuilt = [g for g in groups if g.sharding_type in affected]
+    new_index = local_index(rebuilt)
+
+    def views(box, what, old: bool):
+        store, i = (old_index if old else new_index)[box]
+        return store.box_view(i, what)
+    done = exchange(pieces + _kept_pieces(rebuilt, moved, topo.rank), state_kinds(module.fused_optimizer.rule),
+                    views, topo.rank, topo.group, topo.device, chunk)
+    stats.transient_bytes = done["transient_peak"]
+    return groups, rebuilt
+
+
+def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None,
+            chunk_bytes: int = CHUNK_BYTES) -> ReshardStats:
     """Move the tables named in ``changes`` to their new shardings, with all their optimizer state.
 
     Collective: every rank calls it with the same ``changes`` (``{table: ParameterSharding}``, any
@@ -289,6 +256,10 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
     before anything changes. Forwards and training continue afterwards exactly as if the module had
     been sharded with the new plan from the start.
 
+    Memory: the rebuilt sharding-type groups get new stores (the old ones are freed when the move
+    ends); beyond those, the move holds at most two rounds of message buffers of ``chunk_bytes`` per
+    peer and direction (``stats.transient_bytes``), whatever the size of the move.
+
     Example:
         >>> stats = reshard(sharded, {"t0": table_wise(1)})      # doctest: +SKIP
         >>> stats.bytes_sent                                     # doctest: +SKIP
@@ -296,7 +267,7 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
     """
     t0 = time.perf_counter()
     topo = module._topo
-    new_boxes, steps = _agree(module, changes, max_bytes_per_rank)
+    new_boxes, steps = _agree(module, changes, max_bytes_per_rank, chunk_bytes)
     old_plan = current_plan(module)
     plan = {**old_plan, **changes}
     old_boxes = {t.name: [] for t in module._tables}
@@ -313,27 +284,11 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None) 
     affected = {old_plan[n].sharding_type for n in moved} | {plan[n].sharding_type for n in moved}
     replicated = {n for n in moved if old_plan[n].sharding_type == ShardingType.DATA_PARALLEL}
     pieces = plan_pieces([t.name for t in module._tables], old_boxes, {n: new_boxes[n] for n in moved}, replicated)
-    kinds = _kinds(module.fused_optimizer.rule)
-    item = torch.empty(0, dtype=module._dtype).element_size()
-    for p in pieces:
-        if p.src != p.dst:
-            n = sum(piece_numel(p, k) for _, k in kinds) * item
-            stats.bytes_sent[p.src] += n
-            stats.bytes_received[p.dst] += n
-            stats.bytes_matrix[p.src][p.dst] += n
-    old_groups = [g for g in module._groups if g.sharding_type in affected]
-    old_index = local_index(old_groups)
-    layouts = new_layouts(module, plan, affected)
-    kept = _kept_pieces(layouts, set(moved), topo.rank)
-    local = [p for p in pieces if p.src == p.dst == topo.rank] + kept
-    memory = new_memory(layouts, local, kinds, old_index, old_groups)
-    groups = _rebuild_groups(module, plan, affected, memory)
-    rebuilt = [g for g in groups if g.sharding_type in affected]
-    stats.bytes_local = exchange(module, pieces, kept, kinds, (old_index, local_index(rebuilt)))
+    _count_bytes(stats, pieces, state_kinds(module.fused_optimizer.rule), module._dtype, topo.rank)
+    groups, rebuilt = _move(module, plan, affected, pieces, set(moved), stats, chunk_bytes)
     _set_steps(rebuilt, steps)
     # the one place routing state changes: groups carry routing, stores and stages together
     module._groups = groups
-    if hasattr(module, "_reset_load_stats"):
-        module._reset_load_stats()
+    module._reset_load_stats()
     stats.wall_time_s = time.perf_counter() - t0
     return stats

@@ -12,16 +12,16 @@ import torch.distributed as dist
 from torch import nn
 
 from ..sparse import KeyedJaggedTensor, KeyedTensor
-from .collection import EmbeddingBagCollection, check_features
-from .comm import all_gather_ints
-from .fused_optimizer import FusedOptimizer
-from .optim import resolve_optimizer
-from .plan import ParameterSharding, ShardBox, ShardingType
-from .rebalance import LookupCounter
-from .routing import GroupSpec, Routing
-from .shards import ShardStore
+from .collection.bag_collection import EmbeddingBagCollection, check_features
+from .sharding.comm import all_gather_ints
+from .optim.fused import FusedOptimizer
+from .optim.rules import resolve_optimizer
+from .plan.values import ParameterSharding, ShardBox, ShardingType
+from .reshard.load import LookupCounter
+from .sharding.routing import GroupSpec, Routing
+from .sharding.store import ShardStore
 from .sharding import SHARDERS, Stages
-from .state import copy_into_shards, wrap_shards
+from .state_dict import copy_into_shards, wrap_shards
 from .topology import Topology
 
 __all__ = ["ShardedEmbeddingBagCollection", "shard"]
@@ -86,7 +86,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._dtype = next(iter(weights.values())).dtype
         # A leaf that every backward collective hangs on, so ranks without shards still take part.
         self._anchor = torch.empty(0, device=topo.device, requires_grad=True)
-        self._reshard_scratch: list = []   # a reshard's ring and pack buffers, kept for the next one
         self._groups: list[_Group] = []
         for st in ShardingType:   # enum order: the same group order on every rank
             tables = [t for t in self._tables if plan[t.name].sharding_type == st]
@@ -127,7 +126,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def load_stats(self, reset: bool = False):
         """Collective: ids looked up per table since construction (or the last reshard / reset),
-        summed over ranks, as a :class:`~shardwise.embedding.rebalance.LoadStats` -- per table: ids
+        summed over ranks, as a :class:`~shardwise.embedding.reshard.load.LoadStats` -- per table: ids
         per step in row buckets and per asking rank, the current boxes and bytes per element. It is
         the input of :func:`~shardwise.embedding.propose_rebalance`.
 
@@ -135,7 +134,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
             >>> sharded.load_stats().per_rank()          # doctest: +SKIP
             [5120.0, 1024.0]
         """
-        from .rebalance import load_stats
+        from .reshard.load import load_stats
         return load_stats(self, reset)
 
     def reshard(self, changes: dict, **kwargs):
@@ -145,24 +144,26 @@ class ShardedEmbeddingBagCollection(nn.Module):
         Example:
             >>> sharded.reshard({"t0": row_wise()}).bytes_sent   # doctest: +SKIP
         """
-        from .reshard import reshard
+        from .reshard.api import reshard
         return reshard(self, changes, **kwargs)
-
-    def release_reshard_buffers(self) -> int:
-        """Free the buffers a reshard keeps for the next one (its receive ring and pack buffers, 12 x
-        4 MiB at most: faulting fresh pages in costs about as much as copying the bytes twice, so
-        they are reused). Returns the bytes released; the next reshard allocates them again.
-
-        Example:
-            >>> sharded.reshard({"t0": row_wise()}); sharded.release_reshard_buffers()   # doctest: +SKIP
-            50331648
-        """
-        freed = sum(b.numel() * b.element_size() for b in self._reshard_scratch)
-        self._reshard_scratch.clear()
-        return freed
 
     def _reset_load_stats(self) -> None:
         self._lookup_counter.reset()
+
+    def sharding_plan(self) -> dict:
+        """``{table: ParameterSharding}`` that reproduces the current boxes, in config order (each
+        sharding class reads its own boxes back).
+
+        Example:
+            >>> sharded.sharding_plan()["t0"]                    # doctest: +SKIP
+            ParameterSharding(sharding_type=<ShardingType.ROW_WISE: 'row_wise'>, ranks=(0, 1), host_index=None)
+        """
+        out = {}
+        for g in self._groups:
+            for t in g.spec.tables:
+                boxes = [b for b in g.spec.boxes if b.table == t.name]
+                out[t.name] = SHARDERS[g.sharding_type].sharding_of(boxes, self._topo)
+        return {t.name: out[t.name] for t in self._tables}
 
     def boxes(self) -> list[ShardBox]:
         """Every shard of every table (all ranks), the single source of the routing."""

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..sparse import KeyedJaggedTensor, KeyedTensor
+from ...sparse import KeyedJaggedTensor, KeyedTensor
 from .config import EmbeddingBagConfig, check_tables
 
 __all__ = ["EmbeddingBagCollection", "pool_bags"]

@@ -7,7 +7,7 @@ from shardwise.embedding import (
 )
 from shardwise.testing import run_on_ranks
 
-from . import workers
+from .. import workers
 
 
 def _tables(n=4, rows=1000, dim=16):

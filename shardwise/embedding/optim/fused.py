@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .state import copy_into_shards, wrap_shards
+from ..state_dict import copy_into_shards, wrap_shards
 
 __all__ = ["FusedOptimizer"]
 

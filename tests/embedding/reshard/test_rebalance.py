@@ -9,22 +9,23 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from shardwise.embedding import column_wise, data_parallel, propose_rebalance, reshard, row_wise, shard, table_wise
-from shardwise.embedding.rebalance import LoadStats, TableLoad, _Cfg, _Topo, _moved_bytes
-from shardwise.embedding.sharding import SHARDERS
+from shardwise.embedding.reshard import LoadStats, TableLoad
+from shardwise.embedding.reshard.rebalance import _Cfg, _moved_bytes
+from shardwise.embedding.sharding import SHARDERS, LayoutTopology
 from shardwise.testing import run_on_ranks
 
-from . import common
-from .workers import mesh_for
+from .. import common
+from ..workers import mesh_for
 
 
 def _table(name, rows, dim, ps, world, hist, per_rank, bpe=8.0):
-    boxes = tuple(SHARDERS[ps.sharding_type].layout(_Cfg(name, rows, dim), ps, _Topo(world, (tuple(range(world)),))))
+    boxes = tuple(SHARDERS[ps.sharding_type].layout(_Cfg(name, rows, dim), ps, LayoutTopology.flat(world)))
     return TableLoad(name, rows, dim, bpe, ps, boxes, tuple(hist), tuple(per_rank))
 
 
 def _apply(stats: LoadStats, changes: dict) -> tuple:
     """(per-rank load, bytes moved) of ``stats`` after ``changes``, from the stats' own model."""
-    world, topo = stats.world_size, _Topo(stats.world_size, (tuple(range(stats.world_size)),))
+    world, topo = stats.world_size, LayoutTopology.flat(stats.world_size)
     load, moved = [0.0] * world, 0.0
     for t in stats.tables:
         ps = changes.get(t.name, t.sharding)

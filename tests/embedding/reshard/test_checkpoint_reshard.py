@@ -11,9 +11,9 @@ from shardwise.embedding import column_wise, data_parallel, row_wise, shard, tab
 from shardwise.embedding.checkpoint import load_sharded, save_sharded
 from shardwise.testing import run_on_ranks
 
-from . import common
+from .. import common
 from .test_reshard import full_state, train
-from .workers import mesh_for
+from ..workers import mesh_for
 
 ADAM = functools.partial(torch.optim.Adam, lr=0.05)
 OPTS = {"adam": ADAM, "adagrad": common.ADAGRAD}

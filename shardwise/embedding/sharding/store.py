@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .plan import ShardBox
+from ..plan.values import ShardBox
 
 __all__ = ["local_layout", "ShardStore", "FusedLookup"]
 

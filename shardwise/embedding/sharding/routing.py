@@ -11,9 +11,9 @@ from typing import Sequence
 
 import torch
 
-from .config import EmbeddingBagConfig
-from .plan import ShardBox  # noqa: F401  (GroupSpec.boxes holds them)
-from .shards import local_layout
+from ..collection.config import EmbeddingBagConfig
+from ..plan.values import ShardBox  # noqa: F401  (GroupSpec.boxes holds them)
+from .store import local_layout
 
 __all__ = ["GroupSpec", "Routing"]
 

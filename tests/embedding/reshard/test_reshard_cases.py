@@ -13,9 +13,9 @@ from shardwise.embedding import (
 )
 from shardwise.testing import run_on_ranks
 
-from . import common
+from .. import common
 from .test_reshard import fresh_like, full_state, train
-from .workers import mesh_for
+from ..workers import mesh_for
 
 ADAM = functools.partial(torch.optim.Adam, lr=0.05)
 

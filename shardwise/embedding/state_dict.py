@@ -6,8 +6,8 @@ from typing import Optional
 
 import torch
 
-from .plan import ShardBox, chunk_sizes
-from .sharded_tensor import ShardedTable
+from .plan.values import ShardBox, chunk_sizes
+from .sharded_table import ShardedTable
 
 __all__ = ["wrap_shards", "copy_into_shards"]
 

@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .config import EmbeddingBagConfig, check_tables
-from .plan import (
-    ParameterSharding, ShardBox, ShardingType, chunk_sizes, column_wise, data_parallel, row_wise, table_wise,
-)
+from ..collection.config import EmbeddingBagConfig, check_tables
+from .values import ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, table_wise
 
 __all__ = ["EmbeddingShardingPlanner", "PlanEstimate"]
 
@@ -62,19 +60,17 @@ class EmbeddingShardingPlanner:
         return self.elem_bytes * (box.row_size * box.col_size * (1 + self.state_elem) + box.row_size * self.state_row)
 
     def _boxes(self, t: EmbeddingBagConfig, ps: ParameterSharding) -> list[ShardBox]:
-        v, d = t.num_embeddings, t.embedding_dim
-        st = ps.sharding_type
-        if st == ShardingType.TABLE_WISE:
-            return [ShardBox(t.name, ps.ranks[0], 0, v, 0, d)]
-        if st == ShardingType.ROW_WISE:
-            ranks = ps.ranks or tuple(range(self.world))
-            return [ShardBox(t.name, r, o, n, 0, d) for r, (o, n) in zip(ranks, chunk_sizes(v, len(ranks)))]
-        if st == ShardingType.COLUMN_WISE:
-            return [ShardBox(t.name, r, 0, v, o, n) for r, (o, n) in zip(ps.ranks, chunk_sizes(d, len(ps.ranks)))]
-        if st == ShardingType.DATA_PARALLEL:
-            return [ShardBox(t.name, r, 0, v, 0, d) for r in range(self.world)]
-        raise ValueError(f"table {t.name!r}: the planner does not estimate {st.value} plans; "
-                         f"use table_wise/row_wise/column_wise/data_parallel")
+        # the sharding classes are the single source of shard boxes; imported here because they
+        # import this package's values
+        from ..sharding import SHARDERS, LayoutTopology
+
+        if ps.sharding_type == ShardingType.TABLE_ROW_WISE:
+            raise ValueError(f"table {t.name!r}: the planner does not estimate {ps.sharding_type.value} plans; "
+                             f"use table_wise/row_wise/column_wise/data_parallel")
+        for r in ps.ranks or ():
+            if isinstance(r, int) and r >= self.world:
+                raise ValueError(f"table {t.name!r}: rank {r} is outside world_size {self.world}")
+        return SHARDERS[ps.sharding_type].layout(t, ps, LayoutTopology.flat(self.world))
 
     def _shard_cost(self, t: EmbeddingBagConfig, ps: ParameterSharding, box: ShardBox) -> float:
         ids = self.batch * self.ids_per_bag * len(t.feature_names)

@@ -12,11 +12,11 @@ from typing import Optional
 
 import torch
 
-from ..sparse import KeyedJaggedTensor
+from ...sparse import KeyedJaggedTensor
 from .comm import AllToAll, ReduceScatter, all_to_all_ids
 from .routing import Routing
-from .shards import FusedLookup, ShardStore
-from .topology import Topology
+from .store import FusedLookup, ShardStore
+from ..topology import Topology
 
 __all__ = ["Routed", "InputDist", "GroupedLookup", "AllToAllOutputDist", "ReduceScatterOutputDist",
            "LocalOutputDist"]
