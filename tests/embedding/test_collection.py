@@ -4,6 +4,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from shardwise.embedding import (
     EmbeddingBagCollection, EmbeddingBagConfig, RowWiseAdagrad, column_wise, row_wise, table_wise,
@@ -115,3 +116,60 @@ def test_state_dict_layout_detection():
     assert _placement(cols, (3, 4), 2, False) == "shard1"
     assert _placement([ShardBox("t", 0, 0, 3, 0, 4)], (3, 4), 2, False) is None       # table-wise
     assert _placement([ShardBox("t", r, 0, 3, 0, 4) for r in range(2)], (3, 4), 2, True) == "replicate"
+
+
+ODD_NAMES = ["items", "keys", "values", "type", "update", "training"]
+
+
+def _odd_ebc():
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+
+    torch.manual_seed(5)
+    return EmbeddingBagCollection([EmbeddingBagConfig(n, 7 + i, 4, [f"f_{n}"]) for i, n in enumerate(ODD_NAMES)])
+
+
+def _odd_batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    keys = [f"f_{n}" for n in ODD_NAMES]
+    lengths = torch.randint(0, 3, (len(keys) * 2,), generator=g)
+    values = torch.cat([torch.randint(0, 7, (int(n),), generator=g) for n in lengths])
+    return KeyedJaggedTensor(keys, values, lengths=lengths)
+
+
+def test_table_names_that_are_module_attributes():
+    ebc = _odd_ebc()
+    assert [k.split(".")[1] for k in ebc.state_dict()] == ODD_NAMES
+    assert all(k == f"embedding_bags.{n}.weight" for k, n in zip(ebc.state_dict(), ODD_NAMES))
+    kjt = _odd_batch(0)
+    want = torch.cat([F.embedding_bag(kjt[f"f_{n}"].values(), ebc.embedding_bags[n].weight,
+                                      kjt[f"f_{n}"].offsets(), mode="sum", include_last_offset=True)
+                      for n in ODD_NAMES], dim=1)
+    assert torch.allclose(ebc(kjt).values(), want)
+    other = _odd_ebc()
+    with torch.no_grad():
+        for n in ODD_NAMES:
+            other.embedding_bags[n].weight.zero_()
+    other.load_state_dict(ebc.state_dict())
+    assert all(torch.equal(other.embedding_bags[n].weight, ebc.embedding_bags[n].weight) for n in ODD_NAMES)
+    assert ebc.embedding_bags.training is True and callable(ebc.embedding_bags.items)
+
+
+def odd_names_sharded(rank, world):
+    from shardwise.embedding import column_wise, data_parallel, row_wise, shard, table_wise
+
+    ebc = _odd_ebc()
+    plan = {"items": table_wise(0), "keys": row_wise(), "values": column_wise([0, 1]), "type": data_parallel(),
+            "update": table_wise(1), "training": row_wise()}
+    sharded = shard(ebc, plan)
+    kjt = _odd_batch(10 + rank)
+    err = (sharded(kjt).values() - ebc(kjt).values()).abs().max().item()
+    full = {k: v.full_tensor() for k, v in sharded.state_dict().items()}
+    same = all(torch.equal(full[k], v) for k, v in ebc.state_dict().items())
+    return err, same, sorted(full) == sorted(ebc.state_dict())
+
+
+def test_table_names_that_are_module_attributes_shard():
+    from shardwise.testing import run_on_ranks
+
+    for err, same, keys in run_on_ranks(odd_names_sharded, 2, timeout=120.0):
+        assert err < 1e-6 and same and keys

@@ -47,6 +47,36 @@ def check_features(kjt: KeyedJaggedTensor, known: Sequence[str], is_weighted: bo
                          "KeyedJaggedTensor")
 
 
+class TableBags(nn.Module):
+    """The tables' ``nn.EmbeddingBag``s by name; any table name works (``items``, ``keys``, ``type``,
+    ``training``, ...), where ``nn.ModuleDict`` refuses names of its own attributes. State-dict keys
+    are ``<name>.weight``; look a table up with ``bags[name]``.
+
+    Example:
+        >>> bags = TableBags({"items": nn.EmbeddingBag(4, 2)})
+        >>> bags["items"].weight.shape, list(bags.state_dict())
+        (torch.Size([4, 2]), ['items.weight'])
+    """
+
+    def __init__(self, bags: dict):
+        super().__init__()
+        for name, bag in bags.items():
+            # straight into _modules: add_module would refuse names that are attributes of a Module
+            self._modules[name] = bag
+
+    def __getitem__(self, name: str) -> nn.Module:
+        return self._modules[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._modules
+
+    def __iter__(self):
+        return iter(self._modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
 class EmbeddingBagCollection(nn.Module):
     """A set of embedding tables, each pooling the bags of its features.
 
@@ -65,13 +95,14 @@ class EmbeddingBagCollection(nn.Module):
         super().__init__()
         self._tables = check_tables(tables)
         self._is_weighted = bool(is_weighted)
-        self.embedding_bags = nn.ModuleDict()
+        bags = {}
         for t in self._tables:
             bag = nn.EmbeddingBag(t.num_embeddings, t.embedding_dim, mode="sum", device=device)
             # TorchRec's default init keeps the pooled magnitude independent of the table size.
             bound = math.sqrt(1.0 / t.num_embeddings)
             nn.init.uniform_(bag.weight, -bound, bound)
-            self.embedding_bags[t.name] = bag
+            bags[t.name] = bag
+        self.embedding_bags = TableBags(bags)
 
     @property
     def tables(self) -> list[EmbeddingBagConfig]:
