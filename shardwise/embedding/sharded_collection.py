@@ -21,6 +21,7 @@ from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
 from .sharding.store import ShardStore
 from .sharding import SHARDERS, Stages
+from .shard_source import check_or_broadcast, shard_source
 from .state_dict import copy_into_shards, wrap_shards
 from .topology import Topology
 
@@ -82,8 +83,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         rule, hp = resolve_optimizer(optimizer) if optimizer is not None else (None, None)
         self._compile = bool(compile_optimizer)
         self._check_rule(rule, plan)
-        weights = {t.name: ebc.embedding_bags[t.name].weight.detach() for t in self._tables}
-        self._dtype = next(iter(weights.values())).dtype
+        weights = shard_source(ebc, self._tables)
+        self._dtype = ebc.embedding_bags[self._tables[0].name].weight.dtype
         # A leaf that every backward collective hangs on, so ranks without shards still take part.
         self._anchor = torch.empty(0, device=topo.device, requires_grad=True)
         self._groups: list[_Group] = []
@@ -104,14 +105,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 raise ValueError(f"{rule.name} keeps one accumulator per row, but column-wise tables {cw} split "
                                  f"rows over ranks; use Adagrad or another sharding type for them")
 
-    def _build_group(self, st, tables, plan, cols, weights, rule, hp, alloc=None) -> _Group:
+    def _build_group(self, st, tables, plan, cols, weights, rule, hp) -> _Group:
         topo, sharder = self._topo, SHARDERS[st]
         boxes = [b for t in tables for b in sharder.layout(t, plan[t.name], topo)]
         spec = GroupSpec(tables, boxes, cols, self._total_dim)
         routing = Routing(spec, topo.world_size, topo.rank if sharder.local_only else None)
         store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
                            sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
-                           dtype=self._dtype, alloc=alloc)
+                           dtype=self._dtype)
         stages = sharder.build(routing, topo, store, self._anchor, self._is_weighted, self._dtype)
         return _Group(st, spec, routing, store, stages, sharder.replicated)
 
@@ -287,11 +288,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return missing, unexpected
 
 
-def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology) -> None:
+def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology, src_rank=None) -> None:
     """Ranks given other tables or another plan would build other routing and exchange garbage in the
     first forward; one all-gather of a digest makes them all raise here instead."""
     mesh = topo.mesh
-    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(ebc.is_weighted)
+    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank))
     text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
     digest = list(hashlib.sha256(text.encode()).digest()[:16])
     # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
@@ -302,14 +303,19 @@ def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topolo
     differ = [r for r in range(n) if rows[r] != rows[0]]
     if differ:
         raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
-                         f"rank 0; every rank must call shard() with the same EmbeddingBagConfigs, plan and mesh")
+                         f"rank 0; every rank must call shard() with the same EmbeddingBagConfigs, plan, mesh, init_seed, "
+                         f"src_rank and device (meta or not)")
 
 
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
-          compile_optimizer: bool = False) -> ShardedEmbeddingBagCollection:
+          compile_optimizer: bool = False, src_rank: Optional[int] = None) -> ShardedEmbeddingBagCollection:
     """Shard ``ebc`` over ``mesh`` (default: all ranks of the default process group) per ``plan``.
 
-    The unsharded weights are copied into the shards (nothing is re-initialised). ``optimizer`` is
+    Each rank materialises only its own shards: copied out of ``ebc``'s tables when it was built with
+    storage (every table's digest is compared across ranks first and differing tables raise, unless
+    ``src_rank`` names a rank whose tables are broadcast to the others, in place), or drawn from the
+    seeded init when ``ebc`` was built with ``device="meta"`` (nothing the size of a table is ever
+    allocated; the values are the same as an eager build with the same ``init_seed``). ``optimizer`` is
     fused into backward, e.g. ``functools.partial(torch.optim.Adagrad, lr=0.1)``.
     ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step,
     several times faster on big tables; the first step pays a compile of tens of seconds).
@@ -323,5 +329,9 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
         raise TypeError(f"shard() expects an EmbeddingBagCollection, got {type(ebc).__name__}")
     _check_plan(ebc, plan)
     topo = Topology.from_mesh(mesh)
-    _check_same_everywhere(ebc, plan, topo)
+    if src_rank is not None and (not isinstance(src_rank, int) or isinstance(src_rank, bool)
+                                 or not 0 <= src_rank < topo.world_size):
+        raise ValueError(f"shard(): src_rank={src_rank!r} must be a rank of the mesh (0..{topo.world_size - 1}) or None")
+    _check_same_everywhere(ebc, plan, topo, src_rank)
+    check_or_broadcast(ebc, topo, src_rank)
     return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer)

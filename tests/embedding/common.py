@@ -23,10 +23,9 @@ TABLES = [
 ]
 
 
-def make_ebc(seed: int = 0, weighted: bool = False) -> EmbeddingBagCollection:
-    torch.manual_seed(seed)
+def make_ebc(seed: int = 0, weighted: bool = False, device=None) -> EmbeddingBagCollection:
     cfgs = [EmbeddingBagConfig(n, v, d, list(f), pooling=p) for n, v, d, f, p in TABLES]
-    return EmbeddingBagCollection(cfgs, is_weighted=weighted)
+    return EmbeddingBagCollection(cfgs, is_weighted=weighted, init_seed=seed, device=device)
 
 
 def all_features() -> list[str]:

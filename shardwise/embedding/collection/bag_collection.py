@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Sequence
 
 import torch
@@ -11,6 +10,7 @@ from torch import nn
 
 from ...sparse import KeyedJaggedTensor, KeyedTensor
 from .config import EmbeddingBagConfig, check_tables
+from .init import fill_rows
 
 __all__ = ["EmbeddingBagCollection", "pool_bags"]
 
@@ -80,6 +80,10 @@ class TableBags(nn.Module):
 class EmbeddingBagCollection(nn.Module):
     """A set of embedding tables, each pooling the bags of its features.
 
+    Initial values are a pure function of (``init_seed``, table name, row): see
+    :mod:`~shardwise.embedding.collection.init`. ``device="meta"`` holds no storage: :func:`shard`
+    then materialises each rank's own shards only, with the same values.
+
     ``forward(kjt)`` returns a KeyedTensor with one key per feature, in config order (tables in the
     given order, then each table's ``feature_names``); a feature absent from the batch pools to zeros.
 
@@ -91,18 +95,28 @@ class EmbeddingBagCollection(nn.Module):
     """
 
     def __init__(self, tables: Sequence[EmbeddingBagConfig], is_weighted: bool = False,
-                 device: Optional[torch.device] = None):
+                 device: Optional[torch.device] = None, init_seed: int = 0):
         super().__init__()
         self._tables = check_tables(tables)
         self._is_weighted = bool(is_weighted)
+        if not isinstance(init_seed, int) or isinstance(init_seed, bool):
+            raise TypeError(f"init_seed={init_seed!r} must be an int")
+        self.init_seed = init_seed
         bags = {}
         for t in self._tables:
-            bag = nn.EmbeddingBag(t.num_embeddings, t.embedding_dim, mode="sum", device=device)
-            # TorchRec's default init keeps the pooled magnitude independent of the table size.
-            bound = math.sqrt(1.0 / t.num_embeddings)
-            nn.init.uniform_(bag.weight, -bound, bound)
+            bag = nn.EmbeddingBag(t.num_embeddings, t.embedding_dim, mode="sum", device=device,
+                                  _weight=torch.empty(t.num_embeddings, t.embedding_dim, device=device))
+            if bag.weight.device.type != "meta":   # meta: no storage; shard() fills each rank's shards
+                fill_rows(bag.weight.data, t, init_seed, 0, 0)
+                if t.init_fn is not None:
+                    t.init_fn(bag.weight.data)
             bags[t.name] = bag
         self.embedding_bags = TableBags(bags)
+
+    @property
+    def is_meta(self) -> bool:
+        """True when the tables hold no storage (built with ``device="meta"``)."""
+        return any(self.embedding_bags[t.name].weight.device.type == "meta" for t in self._tables)
 
     @property
     def tables(self) -> list[EmbeddingBagConfig]:

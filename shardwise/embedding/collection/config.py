@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 __all__ = ["EmbeddingBagConfig", "PoolingType"]
 
@@ -29,6 +30,11 @@ class EmbeddingBagConfig:
     embedding_dim: int
     feature_names: tuple = field(default_factory=tuple)
     pooling: str = "sum"
+    weight_init_min: Optional[float] = None     # initial values uniform in [min, max] (default ±sqrt(1/rows))
+    weight_init_max: Optional[float] = None
+    # applied to each shard's tensor after the default init (TorchRec's init_fn): values may depend on
+    # the plan; left out of equality and repr (a function's repr differs across processes)
+    init_fn: Optional[Callable] = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or "." in self.name:
@@ -46,6 +52,12 @@ class EmbeddingBagConfig:
         if len(set(names)) != len(names):
             raise ValueError(f"table {self.name!r}: duplicate feature names in {list(names)}")
         object.__setattr__(self, "feature_names", tuple(names))
+        lo, hi = self.weight_init_min, self.weight_init_max
+        if (lo is None) != (hi is None) or (lo is not None and not float(lo) <= float(hi)):
+            raise ValueError(f"table {self.name!r}: weight_init_min={lo!r}, weight_init_max={hi!r}: give both, "
+                             f"min <= max (or neither, for the default ±sqrt(1/num_embeddings))")
+        if self.init_fn is not None and not callable(self.init_fn):
+            raise TypeError(f"table {self.name!r}: init_fn={self.init_fn!r} must be callable(tensor) -> None")
         try:
             object.__setattr__(self, "pooling", PoolingType(self.pooling).value)
         except ValueError:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,40 +34,40 @@ def local_layout(boxes: Sequence[ShardBox], rank: int) -> tuple[list[int], dict[
 class ShardStore:
     """This rank's shards of a group of tables, with the fused optimizer's state.
 
+    ``full_weights``: ``{table: whole weight}`` to copy each box from, or ``fill(box, out)`` writing a
+    box's values into ``out`` (tables built on the meta device: nothing bigger than a box exists).
     ``sync_group`` (data-parallel replicas) sums gradients over ranks before the update.
     ``full_weights=None`` (with ``dtype``) leaves weights and state uninitialised: a reshard fills
-    every element itself, so a fill pass would only cost memory bandwidth. It may then pass
-    ``alloc(what, width index, shape)`` to supply the buffers (``what``: None for the weights, else a
-    state name), e.g. memory of the old stores that already holds the kept rows.
+    every element itself, so a fill pass would only cost memory bandwidth.
     """
 
     def __init__(self, boxes: Sequence[ShardBox], rank: int, full_weights: Optional[dict], device, rule=None,
-                 hp: Optional[dict] = None, sync_group=None, compiled: bool = False, dtype=None,
-                 alloc: Optional[Callable] = None):
+                 hp: Optional[dict] = None, sync_group=None, compiled: bool = False, dtype=None):
         self.boxes = list(boxes)
         self.widths, self.loc = local_layout(self.boxes, rank)
         rows = [0] * len(self.widths)
         for i, (w, base) in self.loc.items():
             rows[w] = max(rows[w], base + self.boxes[i].row_size)
-        dtype = next(iter(full_weights.values())).dtype if full_weights is not None else dtype
-        if alloc is None or full_weights is not None:
-            def alloc(what, w, shape):
-                return torch.empty(shape, dtype=dtype, device=device)
-        self.buffers = [alloc(None, w, (r, c)) for w, (r, c) in enumerate(zip(rows, self.widths))]
+        if dtype is None:
+            dtype = next(iter(full_weights.values())).dtype
+        self.buffers = [torch.empty((r, c), dtype=dtype, device=device) for r, c in zip(rows, self.widths)]
         with torch.no_grad():
             for i, (w, base) in (self.loc.items() if full_weights is not None else ()):
                 b = self.boxes[i]
-                src = full_weights[b.table][b.row_offset:b.row_offset + b.row_size,
-                                            b.col_offset:b.col_offset + b.col_size]
-                self.buffers[w][base:base + b.row_size].copy_(src)
+                dst = self.buffers[w][base:base + b.row_size]
+                if callable(full_weights):     # materialise this box only (a meta-built collection)
+                    full_weights(b, dst)
+                else:
+                    dst.copy_(full_weights[b.table][b.row_offset:b.row_offset + b.row_size,
+                                                    b.col_offset:b.col_offset + b.col_size])
         self.rule, self.hp, self.sync_group = rule, hp or {}, sync_group
         # torch.compile fuses the gather/update/scatter passes into one loop (several times faster
         # on CPU) at a one-off compile cost; the kernel is the same math as the eager update.
         self.kernel = torch.compile(rule.kernel, dynamic=True) if (compiled and rule is not None) else None
         self.steps = [0] * len(self.widths)
-        self.states = [self._init_state(w, buf, full_weights is not None, alloc) for w, buf in enumerate(self.buffers)]
+        self.states = [self._init_state(buf, full_weights is not None) for buf in self.buffers]
 
-    def _init_state(self, w: int, buf: torch.Tensor, fill: bool, alloc: Callable) -> dict:
+    def _init_state(self, buf: torch.Tensor, fill: bool) -> dict:
         if self.rule is None:
             return {}
         fills = self.rule.init_values(self.hp)
@@ -75,7 +75,7 @@ class ShardStore:
         for name, kind in self.rule.state_shapes.items():
             shape = tuple(buf.shape if kind == "elem" else buf.shape[:1])
             out[name] = torch.full(shape, float(fills[name]), dtype=buf.dtype, device=buf.device) if fill \
-                else alloc(name, w, shape)
+                else torch.empty(shape, dtype=buf.dtype, device=buf.device)
         return out
 
     def box_view(self, i: int, what: Optional[str] = None) -> torch.Tensor:
