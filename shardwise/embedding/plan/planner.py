@@ -10,6 +10,13 @@ from .values import ParameterSharding, ShardBox, ShardingType, column_wise, data
 
 __all__ = ["EmbeddingShardingPlanner", "PlanEstimate"]
 
+def _table_list(tables) -> list:
+    """The configs of a collection (anything with ``.tables``: an EmbeddingBagCollection, a sharded
+    one) or a list of configs, validated."""
+    return check_tables(tables.tables if hasattr(tables, "tables") and not isinstance(tables, (list, tuple))
+                        else tables)
+
+
 # optimizer state per weight element ("elem") or per row ("row"), by optimizer name
 _STATE = {"sgd": (0, 0), "adagrad": (1, 0), "adam": (2, 0), "rowwiseadagrad": (0, 1)}
 
@@ -83,7 +90,7 @@ class EmbeddingShardingPlanner:
 
     def estimate(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> PlanEstimate:
         """Per-rank memory and cost of ``plan``; checks every table is placed exactly once."""
-        tables = check_tables(tables)
+        tables = _table_list(tables)
         names = [t.name for t in tables]
         missing, extra = [n for n in names if n not in plan], sorted(set(plan) - set(names))
         if missing or extra:
@@ -121,8 +128,9 @@ class EmbeddingShardingPlanner:
         return out
 
     def plan(self, tables: Sequence[EmbeddingBagConfig]) -> dict:
-        """``{table name: ParameterSharding}`` balancing the max per-rank cost within memory."""
-        tables = check_tables(tables)
+        """``{table name: ParameterSharding}`` balancing the max per-rank cost within memory.
+        ``tables``: a list of configs or a collection (``planner.plan(ebc)``, as TorchRec's takes a module)."""
+        tables = _table_list(tables)
         order = sorted(range(len(tables)), key=lambda i: (-self._table_weight(tables[i]), i))
         memory, cost = [0] * self.world, [0.0] * self.world
         plan: dict = {}
@@ -158,7 +166,7 @@ class EmbeddingShardingPlanner:
         """The plan as a text table: one line per table, then per-rank memory and cost."""
         est = self.estimate(plan, tables)
         lines = [f"{'table':<16}{'sharding':<16}{'ranks':<14}{'rows x dim':<16}{'MiB/shard':>10}"]
-        for t in check_tables(tables):
+        for t in _table_list(tables):
             ps = plan[t.name]
             ranks = sorted({b.rank for b, _, _ in est.shards[t.name]})
             mib = max(b for _, b, _ in est.shards[t.name]) / 2**20

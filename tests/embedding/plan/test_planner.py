@@ -61,3 +61,13 @@ def test_estimate_matches_real_shards_and_plan_runs():
         for est_bytes, real_bytes, fwd_err in run_on_ranks(workers.planner_plan_runs, world):
             assert est_bytes == real_bytes
             assert fwd_err < 1e-5
+
+
+def test_plan_takes_a_collection_or_its_configs():
+    from shardwise.embedding import EmbeddingBagCollection
+
+    tables = _tables(n=3)
+    planner = EmbeddingShardingPlanner(2, 2**30)
+    ebc = EmbeddingBagCollection(tables, device="meta")
+    assert planner.plan(ebc) == planner.plan(tables) == planner.plan(tuple(tables))
+    assert planner.estimate(planner.plan(ebc), ebc).memory == planner.estimate(planner.plan(tables), tables).memory
