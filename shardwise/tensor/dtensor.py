@@ -15,19 +15,20 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from .agreement import check_same_call, checks_enabled
-from .dispatch import OpDispatcher
+from .dispatch import GATHER_FALLBACK, OpDispatcher
 from .donation import donatable
-from .fastpath import FastPath
+from .fastpath import FAST_PATH, FastPath
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
 from .spec import DTensorSpec, chunk_range, local_shape_and_offset, mesh_coord, normalize_placements
 
-__all__ = ["DTensor", "distribute_tensor", "set_fallback", "propagation_cache"]
+__all__ = ["DTensor", "distribute_tensor", "gather_fallback", "fast_path", "propagation_cache"]
 
 
 _MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _STRIDED = torch.strided
+_FAST_PATH_ON = FAST_PATH.get
 
 
 def _grad_placements(placements) -> tuple:
@@ -108,7 +109,7 @@ class DTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # the hottest case inline (a learned binary call on two DTensors, no autograd); see fastpath.py
-        if not kwargs and len(args) == 2 and _FASTPATH.enabled:
+        if not kwargs and len(args) == 2 and _FAST_PATH_ON():
             a, b = args
             if type(a) is cls and type(b) is cls:
                 with _NO_TORCH_FUNCTION():
@@ -302,14 +303,24 @@ _DISPATCHER = OpDispatcher(DTensor)
 _FASTPATH = FastPath(_DISPATCHER)
 
 
-def set_fast_path(enabled: bool) -> None:
-    """Turn the torch-function fast path for calls without autograd on (default) or off."""
-    _FASTPATH.enabled = bool(enabled)
+def fast_path(enabled: bool):
+    """Use (default) or bypass the torch-function fast path inside a ``with`` block, in this thread or
+    task only (see fastpath.py): bypassed, every call goes through the per-op dispatcher.
+
+    >>> with fast_path(False):          # doctest: +SKIP
+    ...     y = (x * 2).relu()           # counted by propagation_cache()
+    """
+    return FAST_PATH.set(enabled)
 
 
-def set_fallback(enabled: bool) -> None:
-    """Opt in (or out) of running ops with no sharding rule by gathering inputs to Replicate."""
-    _DISPATCHER.fallback_to_replicate = bool(enabled)
+def gather_fallback(enabled: bool = True):
+    """Inside a ``with`` block (this thread or task only), run ops that have no sharding rule by gathering
+    their inputs to Replicate (slow; warns once per op) instead of raising ``NotImplementedError``.
+
+    >>> with gather_fallback():          # doctest: +SKIP
+    ...     q, r = torch.linalg.qr(x)    # x gathered, qr runs replicated on every rank
+    """
+    return GATHER_FALLBACK.set(enabled)
 
 
 def propagation_cache():
