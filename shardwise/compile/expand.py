@@ -118,17 +118,14 @@ class DTensorExpandMode(ParallelMode):
         return batch
 
     def partition(self, joint, state, spec, local_batch, fake_mode):
-        from shardwise.tensor import set_fallback
-
         if not self.fallback_to_replicate:
             return _expand(self, joint, state, spec, local_batch, fake_mode)
-        # ops without a sharding rule gather their inputs (the core warns once per op);
-        # only while tracing: the recorded graph keeps those gathers, nothing else changes
-        set_fallback(True)
-        try:
+        from shardwise.tensor import gather_fallback
+
+        # ops without a sharding rule gather their inputs (the core warns once per op); only for
+        # this trace: the recorded graph keeps those gathers, the caller's setting is untouched
+        with gather_fallback(True):
             return _expand(self, joint, state, spec, local_batch, fake_mode)
-        finally:
-            set_fallback(False)
 
     def transform_and_compile(self, gm, gm_transformation=None):
         bucket_gradients(gm, self.world, self.bucket_cap_bytes)
@@ -180,10 +177,8 @@ def _expand(mode: DTensorExpandMode, joint, state, spec, local_batch, fake_mode)
         [fake(torch.zeros((), dtype=torch.float64, device=_device(state))) for _ in spec.groups],
         [fake(t) for t in local_batch if isinstance(t, torch.Tensor)],
     )
-    from shardwise.tensor.ops.embedding import embedding_index_check
-
-    # the core's id range check reads values (data-dependent): a recorded graph cannot branch on it
-    with embedding_index_check(False), fx_traceback.preserve_node_meta():
+    # the core's id range check is recorded as an op that raises when the graph runs (ops/embedding.py)
+    with fx_traceback.preserve_node_meta():
         gm = make_fx(per_rank, tracing_mode="fake")(*args)
     for node in gm.graph.nodes:
         node.meta.update(node.meta.get("custom") or {})

@@ -12,7 +12,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from . import ops as _ops  # noqa: F401  (registers the sharding rules)
 from .agreement import rank_checks
 from .collectives import CollectiveCounter, CollectiveTimeoutError
-from .dtensor import DTensor, distribute_tensor, propagation_cache, set_fallback, set_fast_path
+from .dtensor import DTensor, distribute_tensor, fast_path, gather_fallback, propagation_cache
 from .ops.embedding import EmbeddingIndexError, embedding_index_check
 from .placements import MaskPartial, Partial, Placement, Replicate, Shard
 from .redistribute import plan_redistribute
@@ -21,5 +21,5 @@ from .spec import DTensorSpec
 __all__ = [
     "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "Placement", "Shard",
     "Replicate", "Partial", "MaskPartial", "plan_redistribute", "CollectiveCounter", "CollectiveTimeoutError", "propagation_cache",
-    "set_fallback", "set_fast_path", "EmbeddingIndexError", "embedding_index_check", "rank_checks",
+    "gather_fallback", "fast_path", "EmbeddingIndexError", "embedding_index_check", "rank_checks",
 ]

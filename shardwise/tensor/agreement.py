@@ -21,11 +21,11 @@ import os
 
 import torch
 import torch.distributed as dist
-import torch.distributed._functional_collectives as funcol
 
 from ._switch import Switch
+from .collectives import mesh_gather_rows, mesh_max
 
-__all__ = ["rank_checks", "checks_enabled", "check_same_call"]
+__all__ = ["rank_checks", "checks_enabled", "check_same_call", "same_everywhere", "gather_texts"]
 
 
 _CHECKS = Switch("rank_checks",
@@ -33,11 +33,12 @@ _CHECKS = Switch("rank_checks",
 
 
 def checks_enabled() -> bool:
-    return _CHECKS.enabled
+    return _CHECKS.get()
 
 
 def rank_checks(enabled: bool = True):
-    """Turn checked mode on (or off) inside a ``with`` block; see the module docstring."""
+    """Turn checked mode on (or off) inside a ``with`` block, in this thread or task only; see the
+    module docstring."""
     return _CHECKS.set(enabled)
 
 
@@ -46,25 +47,34 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True)
 
 
+def same_everywhere(mesh, text: str) -> bool:
+    """Whether every rank of ``mesh`` passed the same ``text`` (one 16-byte all-reduce per mesh dim)."""
+    d = _digest(text)
+    bounds = torch.tensor([d, -d], dtype=torch.int64, device=torch.device(mesh.device_type))
+    hi, neg_lo = mesh_max(bounds, mesh).tolist()  # max of d and of -d: equal iff every rank agrees
+    return hi == -neg_lo
+
+
+def gather_texts(mesh, text: str) -> list[tuple[int, str]]:
+    """``(rank, text)`` of every rank of ``mesh``, sorted by rank. Tensor collectives only: the UTF-8
+    bytes travel padded to the longest text, nothing is pickled. For error reports (two rounds)."""
+    device = torch.device(mesh.device_type)
+    data = list(text.encode())
+    longest = int(mesh_max(torch.tensor([len(data)], dtype=torch.int64, device=device), mesh).item())
+    row = torch.tensor([dist.get_rank(), len(data)] + data + [0] * (longest - len(data)), dtype=torch.int64)
+    rows = mesh_gather_rows(row.to(device), mesh).cpu().tolist()
+    return sorted((r[0], bytes(r[2:2 + r[1]]).decode()) for r in rows)
+
+
 def check_same_call(mesh, what: str, request: str) -> None:
     """Raise ``ValueError`` on every rank of ``mesh`` unless all ranks passed the same ``request``.
 
     ``request`` is a printable description of this rank's call (including its own argument error,
     if any), so ranks that disagree can say who asked for what.
     """
-    d = _digest(request)
-    bounds = torch.tensor([d, -d], dtype=torch.int64, device=torch.device(mesh.device_type))
-    for m in range(mesh.ndim):  # max of d and of -d over the whole mesh: equal iff every rank agrees
-        bounds = funcol.wait_tensor(funcol.all_reduce(bounds, "max", mesh.get_group(m)))
-    hi, neg_lo = bounds.tolist()
-    if hi == -neg_lo:
+    if same_everywhere(mesh, request):
         return
-    seen = [(dist.get_rank(), request)]
-    for m in range(mesh.ndim):  # gather along each mesh dim in turn: every rank ends with every request
-        parts = [None] * mesh.size(m)
-        dist.all_gather_object(parts, seen, group=mesh.get_group(m))
-        seen = [item for part in parts for item in part]
-    listing = "; ".join(f"rank {r}: {req}" for r, req in sorted(set(seen)))
+    listing = "; ".join(f"rank {r}: {req}" for r, req in gather_texts(mesh, request))
     raise ValueError(
         f"{what}: ranks disagree ({listing}). Every rank of the mesh must make the same call with the "
         "same arguments; nothing was moved"

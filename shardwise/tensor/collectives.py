@@ -1,7 +1,9 @@
 """Collectives on one mesh dimension, over torch's functional collectives (traceable graph ops).
 
 Every function takes the local tensor and (mesh, mesh_dim) and handles uneven ``torch.chunk`` shards
-by padding to a full chunk before the collective and trimming after it.
+by padding to a full chunk before the collective and trimming after it. ``mesh_max``,
+``mesh_gather_rows`` and ``mesh_broadcast_`` reach every rank of an N-D mesh by one collective per
+mesh dimension over the mesh's own groups, so no call ever creates a process group.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 
-from .spec import chunk_range
+from .spec import chunk_range, mesh_coord
 
-__all__ = ["all_reduce", "all_gather_dim", "reduce_scatter_dim", "all_to_all_dims", "CollectiveCounter",
-           "CollectiveTimeoutError"]
+__all__ = ["all_reduce", "all_gather_dim", "reduce_scatter_dim", "all_to_all_dims", "mesh_max", "mesh_gather_rows",
+           "mesh_broadcast_", "CollectiveCounter", "CollectiveTimeoutError"]
 
 
 class CollectiveTimeoutError(RuntimeError):
@@ -174,3 +176,43 @@ def all_to_all_dims(
     out = torch.cat(out.unbind(0), dim=src_dim).narrow(src_dim, 0, src_full)
     _, length = chunk_range(dst_full, n, coord)
     return out.narrow(dst_dim, 0, length) if length != out.shape[dst_dim] else out
+
+
+# --- over every rank of a mesh, one mesh dimension at a time --------------------------------------
+
+def mesh_max(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Element-wise max of ``x`` over every rank of ``mesh`` (a new tensor): the max along mesh dim 0,
+    then of those along dim 1, ... is the max over the whole mesh."""
+    for m in range(mesh.ndim):
+        with _explained("all_reduce", mesh, m):
+            x = funcol.wait_tensor(funcol.all_reduce(x, "max", _group(mesh, m)))
+    return x
+
+
+def mesh_gather_rows(row: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
+    """Every rank's 1-D ``row`` (the same length everywhere) stacked into ``(mesh.size(), len)``: gathered
+    along mesh dim 0, then those blocks along dim 1, ... Rows are in no promised order: put the rank in
+    the row and sort by it."""
+    rows = row.reshape(1, -1)
+    for m in range(mesh.ndim):
+        with _explained("all_gather", mesh, m):
+            rows = funcol.wait_tensor(funcol.all_gather_single(rows.contiguous(), 0, _group(mesh, m)))
+    return rows
+
+
+def mesh_broadcast_(x: torch.Tensor, mesh: DeviceMesh, src_coord: tuple) -> torch.Tensor:
+    """In place: ``x`` of the mesh rank at coordinate ``src_coord``, on every rank of ``mesh``.
+
+    Along mesh dim ``m`` only the groups whose coordinates after ``m`` are the source's broadcast, from
+    their member at ``src_coord[m]``, which holds the data after the earlier dims. Every member of a
+    group shares those coordinates, so a group broadcasts or skips as a whole; each rank receives once.
+    """
+    coord = mesh_coord(mesh)
+    for m in range(mesh.ndim):
+        if coord[m + 1:] != tuple(src_coord[m + 1:]):
+            continue
+        at = list(coord)
+        at[m] = src_coord[m]
+        with _explained("broadcast", mesh, m):
+            dist.broadcast(x, src=int(mesh.mesh[tuple(at)]), group=_group(mesh, m))
+    return x

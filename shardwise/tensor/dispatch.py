@@ -4,6 +4,10 @@ The cache key is built from small hashable values only: the op, each DTensor's s
 tensor's shape/dtype, and the non-tensor arguments (for pointwise/foreach ops only their types, so
 changing scalars such as learning rates reuse one plan). A hit costs one dict lookup plus the local op.
 The cache is bounded (oldest entries evicted first).
+
+Ops without a sharding rule raise, unless ``gather_fallback()`` (``GATHER_FALLBACK``, a per-context
+switch) is on: their inputs are then gathered to Replicate. Such a plan is cached like any other, so a
+cache hit re-checks the switch: a plan made inside a ``with gather_fallback():`` block is refused outside.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from ._switch import Switch
 from .placements import Replicate
 from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
 from .propagation.registry import RuleEntry, lookup_rule
@@ -20,9 +25,10 @@ from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
 from .spec import DTensorSpec, mesh_coord, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor"]
+__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "GATHER_FALLBACK"]
 
 _SCALARS = (int, float, bool, complex)
+GATHER_FALLBACK = Switch("gather_fallback", False)
 
 
 def has_tensor(seq) -> bool:
@@ -59,14 +65,15 @@ class PropagationCache:
 class OpPlan:
     """Everything needed to run one keyed op call on this rank."""
 
-    __slots__ = ("redist", "out_specs", "out_kind", "local", "decision")
+    __slots__ = ("redist", "out_specs", "out_kind", "local", "decision", "gathers")
 
-    def __init__(self, redist, out_specs, out_kind, local: Optional[LocalPlan], decision):
+    def __init__(self, redist, out_specs, out_kind, local: Optional[LocalPlan], decision, gathers: bool = False):
         self.redist = redist  # list of (arg index, sub index or -1, steps, src spec)
         self.out_specs = out_specs
         self.out_kind = out_kind  # "tensor" | "seq" | "inplace" | "raw"
         self.local = local
         self.decision = decision
+        self.gathers = gathers  # made by the gather fallback (the op has no rule)
 
 
 class OpDispatcher:
@@ -75,7 +82,6 @@ class OpDispatcher:
     def __init__(self, cls):
         self.cls = cls
         self.cache = PropagationCache()
-        self.fallback_to_replicate = False
         self._warned: set = set()
         self.recording: Optional[list] = None  # set by the fast path to learn what one call did
 
@@ -116,6 +122,8 @@ class OpDispatcher:
             self.cache.put(key, plan)
         else:
             self.cache.hits += 1
+            if plan.gathers and not GATHER_FALLBACK.get():
+                raise _no_rule_error(op, args, cls)
         if self.recording is not None:
             self.recording.append((op, entry, plan))
         return self._run(plan, op, args, local_args, kwargs or {})
@@ -152,8 +160,9 @@ class OpDispatcher:
     def _plan(self, op, args, kwargs, entry) -> OpPlan:
         schema, mesh = self._schema(op, args, kwargs)
         inplace = op_mutates_first_arg(op)
-        if entry is None:
-            entry = self._fallback_entry(op, schema, mesh)
+        gathers = entry is None
+        if gathers:
+            entry = self._fallback_entry(op, schema, mesh, args)
         decision = choose_layout(schema, entry, tuple(mesh.shape), inplace)
         coord = mesh_coord(mesh)
         redist = []
@@ -173,7 +182,7 @@ class OpDispatcher:
                 pl = normalize_placements(pl, mesh.ndim, meta.ndim)
                 out_specs.append(DTensorSpec(mesh, pl, meta.shape, meta.stride(), meta.dtype))
         local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
-        return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision)
+        return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision, gathers)
 
     def _out_kind(self, op, schema: OpSchema, inplace: bool) -> str:
         if inplace and schema.outputs and schema.outputs[0] is not None and len(op._schema.returns) == 1:
@@ -224,13 +233,9 @@ class OpDispatcher:
         outputs = _meta_outputs(op, args, kwargs, cls)
         return OpSchema(op, sargs, skw, tensor_args, outputs, tuple(mesh.shape)), mesh
 
-    def _fallback_entry(self, op, schema: OpSchema, mesh) -> RuleEntry:
-        placements = {ta.index: [str(p) for p in ta.placements] for ta in schema.tensor_args if ta.placements}
-        if not self.fallback_to_replicate:
-            raise NotImplementedError(
-                f"{op}: no sharding strategy is registered (input placements {placements}); redistribute the "
-                "inputs to Replicate() and call it on .to_local(), or enable shardwise.tensor.set_fallback(True)"
-            )
+    def _fallback_entry(self, op, schema: OpSchema, mesh, args) -> RuleEntry:
+        if not GATHER_FALLBACK.get():
+            raise _no_rule_error(op, args, self.cls)
         if op not in self._warned:
             self._warned.add(op)
             warnings.warn(f"{op}: no sharding strategy; gathering its inputs to Replicate (slow)", stacklevel=5)
@@ -294,3 +299,13 @@ def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
     if isinstance(out, (list, tuple)):
         return [o if isinstance(o, torch.Tensor) else None for o in out]
     return []
+
+
+def _no_rule_error(op, args, cls) -> NotImplementedError:
+    tensors = [x for a in args for x in (a if type(a) in (list, tuple) else (a,)) if isinstance(x, torch.Tensor)]
+    placements = {i: [str(p) for p in t._spec.placements] for i, t in enumerate(tensors) if isinstance(t, cls)}
+    return NotImplementedError(
+        f"{op}: no sharding strategy is registered (input placements {placements}); redistribute the inputs to "
+        "Replicate() and call it on .to_local(), or run it inside `with shardwise.tensor.gather_fallback():` "
+        "(gathers its inputs to Replicate)"
+    )

@@ -11,23 +11,25 @@ import sys
 from typing import Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from .agreement import check_same_call, checks_enabled
-from .dispatch import OpDispatcher
+from .collectives import mesh_broadcast_
+from .dispatch import GATHER_FALLBACK, OpDispatcher
 from .donation import donatable
-from .fastpath import FastPath
+from .fastpath import FAST_PATH, FastPath
+from .layout_checks import check_distribute_call, check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
-from .spec import DTensorSpec, chunk_range, local_shape_and_offset, mesh_coord, normalize_placements
+from .spec import DTensorSpec, chunk_range, mesh_coord, normalize_placements
 
-__all__ = ["DTensor", "distribute_tensor", "set_fallback", "propagation_cache"]
+__all__ = ["DTensor", "distribute_tensor", "gather_fallback", "fast_path", "propagation_cache"]
 
 
 _MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _STRIDED = torch.strided
+_FAST_PATH_ON = FAST_PATH.get
 
 
 def _grad_placements(placements) -> tuple:
@@ -108,7 +110,7 @@ class DTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         # the hottest case inline (a learned binary call on two DTensors, no autograd); see fastpath.py
-        if not kwargs and len(args) == 2 and _FASTPATH.enabled:
+        if not kwargs and len(args) == 2 and _FAST_PATH_ON():
             a, b = args
             if type(a) is cls and type(b) is cls:
                 with _NO_TORCH_FUNCTION():
@@ -201,7 +203,7 @@ class DTensor(torch.Tensor):
                             "this rank's piece as a tensor (a DTensor is already distributed: use redistribute)")
         _check_device(local_tensor, device_mesh, "from_local")
         if run_check:
-            placements, gathered = _run_check_gather(local_tensor, device_mesh, placements)
+            placements, gathered = check_from_local(local_tensor, device_mesh, placements)
         else:
             placements, gathered = normalize_placements(placements, device_mesh.ndim, local_tensor.ndim), None
         if shape is None:
@@ -215,7 +217,7 @@ class DTensor(torch.Tensor):
         if stride is None:
             stride = _contiguous_stride(shape)
         if gathered is not None:
-            _check_local_shapes(gathered, device_mesh, placements, shape)
+            check_local_shapes(gathered, device_mesh, placements, shape)
         spec = DTensorSpec(device_mesh, placements, shape, stride, local_tensor.dtype)
         if not (local_tensor.requires_grad and torch.is_grad_enabled()):
             # nothing to record: skip the autograd.Function (a quarter of the cost of a small lookup)
@@ -302,14 +304,24 @@ _DISPATCHER = OpDispatcher(DTensor)
 _FASTPATH = FastPath(_DISPATCHER)
 
 
-def set_fast_path(enabled: bool) -> None:
-    """Turn the torch-function fast path for calls without autograd on (default) or off."""
-    _FASTPATH.enabled = bool(enabled)
+def fast_path(enabled: bool):
+    """Use (default) or bypass the torch-function fast path inside a ``with`` block, in this thread or
+    task only (see fastpath.py): bypassed, every call goes through the per-op dispatcher.
+
+    >>> with fast_path(False):          # doctest: +SKIP
+    ...     y = (x * 2).relu()           # counted by propagation_cache()
+    """
+    return FAST_PATH.set(enabled)
 
 
-def set_fallback(enabled: bool) -> None:
-    """Opt in (or out) of running ops with no sharding rule by gathering inputs to Replicate."""
-    _DISPATCHER.fallback_to_replicate = bool(enabled)
+def gather_fallback(enabled: bool = True):
+    """Inside a ``with`` block (this thread or task only), run ops that have no sharding rule by gathering
+    their inputs to Replicate (slow; warns once per op) instead of raising ``NotImplementedError``.
+
+    >>> with gather_fallback():          # doctest: +SKIP
+    ...     q, r = torch.linalg.qr(x)    # x gathered, qr runs replicated on every rank
+    """
+    return GATHER_FALLBACK.set(enabled)
 
 
 def propagation_cache():
@@ -335,51 +347,13 @@ def _contiguous_stride(shape) -> tuple[int, ...]:
     return tuple(reversed(stride))
 
 
-def _run_check_gather(local, mesh, placements) -> tuple:
-    """Validate placements and exchange every rank's (rank, local shape, coordinate) (a collective).
-
-    A rank whose own arguments are bad still joins the exchange, and dtypes and placements are compared,
-    so every rank raises the same error instead of one raising and the others waiting or mixing layouts.
-    """
-    try:
-        normalized, err = normalize_placements(placements, mesh.ndim, local.ndim), None
-    except (TypeError, ValueError) as e:
-        normalized, err = None, (type(e) is TypeError, str(e))
-    gathered = [None] * mesh.size()
-    mine = (dist.get_rank(), tuple(local.shape), mesh_coord(mesh), str(local.dtype),
-            None if normalized is None else tuple(str(p) for p in normalized), err)
-    dist.all_gather_object(gathered, mine, group=_mesh_group(mesh))
-    gathered.sort(key=lambda g: g[0])
-    for rank, *_, e in gathered:
-        if e is not None:
-            raise (TypeError if e[0] else ValueError)(f"from_local(run_check=True), rank {rank}: {e[1]}")
-    for what, idx in (("dtype", 3), ("placements", 4)):
-        if len({g[idx] for g in gathered}) > 1:
-            seen = "; ".join(f"rank {g[0]} has {g[idx]}" for g in gathered)
-            raise ValueError(f"from_local(run_check=True): ranks disagree on the {what} ({seen}); every rank "
-                             f"must pass the same {what} for one DTensor")
-    return normalized, [g[:3] for g in gathered]
-
-
-def _check_local_shapes(gathered, mesh, placements, shape) -> None:
-    """Every rank's local shape must match the global layout; the error names the bad ranks."""
-    bad = []
-    for rank, lshape, coord in gathered:
-        expect = local_shape_and_offset(shape, tuple(mesh.shape), coord, placements)[0]
-        if tuple(lshape) != tuple(expect):
-            bad.append(f"rank {rank} has {tuple(lshape)}, expected {tuple(expect)}")
-    if bad:
-        raise ValueError(
-            f"from_local(run_check=True): local shapes disagree with global shape {tuple(shape)} and placements "
-            f"{[str(p) for p in placements]}: " + "; ".join(bad) + ". Pass the right shape= or fix the shards"
-        )
-
-
 def distribute_tensor(
     tensor: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Placement] = None, *, src_data_rank: Optional[int] = 0
 ) -> DTensor:
-    """Lay out a full tensor over the mesh. With ``src_data_rank=0`` (default) the data of the mesh's first
-    rank is broadcast first so every rank agrees; ``None`` trusts each rank's copy (no communication).
+    """Lay out a full tensor over the mesh. With ``src_data_rank=k`` (default 0) all ranks first check they
+    pass the same shape, dtype and placements, then the data of the mesh's k-th rank (row-major in
+    ``mesh.mesh``) is broadcast so every rank agrees; ``None`` trusts each rank's copy (no communication).
+    Both use the mesh's own per-dimension groups: a sub-mesh of an N-D mesh creates no process group.
 
     >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
     """
@@ -392,15 +366,16 @@ def distribute_tensor(
                          "materialize it first (e.g. module.to_empty(device=...) then initialize)")
     if placements is None:
         placements = [Replicate()] * device_mesh.ndim
-    placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
+    if src_data_rank is None:
+        placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
+    else:  # every rank raises the same error when ranks disagree, before the data moves
+        placements, src_coord = check_distribute_call(tensor, placements, device_mesh, src_data_rank)
     device = torch.device(device_mesh.device_type)
     local = tensor.detach()
     if local.device.type != device.type:
         local = local.to(device)
     if src_data_rank is not None:
-        _check_same_call(tensor, placements, device_mesh)
-        local = local.contiguous().clone()
-        dist.broadcast(local, src=int(device_mesh.mesh.flatten()[src_data_rank]), group=_mesh_group(device_mesh))
+        local = mesh_broadcast_(local.contiguous().clone(), device_mesh, src_coord)
     coord = mesh_coord(device_mesh)
     mesh_shape = tuple(device_mesh.shape)
     for mdim, p in enumerate(placements):
@@ -412,30 +387,3 @@ def distribute_tensor(
     local = local.contiguous() if src_data_rank is None else local.clone().contiguous()
     spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
     return DTensor(local, spec, requires_grad=tensor.requires_grad)
-
-
-def _check_same_call(tensor: torch.Tensor, placements, mesh: DeviceMesh) -> None:
-    """All ranks must distribute the same shape/dtype/layout before the data broadcast; one small
-    all-gather lets every rank see a mismatch and raise together instead of hanging or mixing sizes."""
-    mine = (tuple(tensor.shape), str(tensor.dtype), tuple(str(p) for p in placements))
-    gathered = [None] * mesh.size()
-    dist.all_gather_object(gathered, (dist.get_rank(), mine), group=_mesh_group(mesh))
-    gathered.sort()
-    first_rank, first = gathered[0]
-    for rank, meta in gathered[1:]:
-        for what, a, b in zip(("shape", "dtype", "placements"), first, meta):
-            if a != b:
-                raise ValueError(
-                    f"distribute_tensor: ranks disagree on the {what}: rank {first_rank} has {a}, rank {rank} has "
-                    f"{b}; every rank must pass the same full tensor layout (or use src_data_rank=None to keep "
-                    "each rank's own copy, unchecked)"
-                )
-
-
-def _mesh_group(mesh: DeviceMesh):
-    """A process group spanning every rank of the mesh."""
-    if mesh.ndim == 1:
-        return mesh.get_group()
-    if mesh.size() == dist.get_world_size():
-        return None  # the default group
-    return dist.new_group(sorted(mesh.mesh.flatten().tolist()))

@@ -6,16 +6,19 @@ records what it did; if that was exactly one aten op whose plan needs no redistr
 rewrites, the call is remembered as "run the same function on the local tensors, wrap with this
 spec". Later calls skip the dispatcher's Python re-entry and the per-op plan lookup altogether.
 Calls that need autograd (grad mode on and an input requires grad) always take the full path.
+``fast_path(False)`` (``FAST_PATH``, a per-context switch) sends every call down the full path.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ._switch import Switch
 from .dispatch import has_tensor, seq_key
 
 _SCALARS = (int, float, bool)
 _SLOW = (None, "slow")  # this key never qualifies: go straight to the full path
+FAST_PATH = Switch("fast_path", True)
 
 
 class FastPath:
@@ -23,14 +26,13 @@ class FastPath:
         self.dispatcher = dispatcher
         self.plans: dict = {}
         self.max_size = max_size
-        self.enabled = True
         self.scalar_types_only: dict = {}  # func -> bool, learnt from its aten op's rule
 
     def __call__(self, func, args, kwargs):
         cls = self.dispatcher.cls
         # everything below reads tensor attributes, which would re-enter __torch_function__
         with torch._C.DisableTorchFunctionSubclass():
-            if not self.enabled:
+            if not FAST_PATH.get():
                 return func(*args, **kwargs) if kwargs else func(*args)
             if not kwargs and len(args) == 2:
                 # binary ops on two DTensors: the hottest shape, kept free of generic walks
@@ -108,7 +110,8 @@ class FastPath:
         if len(recorded) == 1:
             op, entry, oplan = recorded[0]
             self.scalar_types_only.setdefault(func, bool(entry and entry.scalar_insensitive))
-            simple = not oplan.redist and oplan.local is None
+            # a gathered fallback must go back to the dispatcher, which refuses it once the fallback is off
+            simple = not oplan.redist and oplan.local is None and not oplan.gathers
             kind = oplan.out_kind
             # views are left to the dispatcher so autograd's view tracking (version counters) holds
             is_view = kind != "inplace" and any(r.alias_info is not None for r in op._schema.returns)

@@ -95,34 +95,28 @@ def test_interop_with_torch_dtensor_shares_data_and_gradients():
 
 
 def caching(rank, world):
-    from shardwise.tensor import Shard, distribute_tensor, propagation_cache, set_fallback, set_fast_path
+    from shardwise.tensor import Shard, distribute_tensor, fast_path, gather_fallback, propagation_cache
     from shardwise.tensor.dtensor import _FASTPATH
 
     mesh = worker_mesh((world,))
     a = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
     cache = propagation_cache()
-    set_fast_path(False)  # count the per-op cache itself
-    try:
+    with fast_path(False):  # count the per-op cache itself
         (a * 2.0).relu()
         hits, misses = cache.hits, cache.misses
         for scale in (3.0, 4.0, 5.0):  # new scalar values reuse the plan (pointwise keys hold scalar types)
             (a * scale).relu()
         extra_misses = cache.misses - misses
         extra_hits = cache.hits - hits
-    finally:
-        set_fast_path(True)
     (a * 2.0).relu()
     n_fast = len(_FASTPATH.plans)
     for scale in (3.0, 4.0, 5.0):  # and the fast path learns scalar-insensitive functions too
         (a * scale).relu()
     extra_misses += len(_FASTPATH.plans) - n_fast
-    set_fallback(True)
-    try:
+    with gather_fallback():
         with pytest.warns(UserWarning, match="no sharding strategy"):
             q = torch.linalg.qr(a)
         fallback_ok = torch.allclose(q.Q.full_tensor() @ q.R.full_tensor(), a.full_tensor(), atol=1e-5)
-    finally:
-        set_fallback(False)
     return extra_misses, extra_hits, fallback_ok
 
 

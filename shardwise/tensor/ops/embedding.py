@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.ops import aten
 
 from .._switch import Switch
@@ -38,6 +39,9 @@ from .common import LINEAR_PARTIALS, PSUM, R
 
 __all__ = ["EmbeddingIndexError", "embedding_index_check", "rowwise_lookup", "rowwise_grad"]
 
+_get_dispatch_mode = torch._C._get_dispatch_mode
+_PROXY = torch._C._TorchDispatchModeKey.PROXY
+
 
 class EmbeddingIndexError(IndexError, ValueError):
     """An id outside ``[0, num_embeddings)``; an IndexError like unsharded ``F.embedding``'s."""
@@ -47,10 +51,12 @@ _CHECK = Switch("embedding_index_check", True)
 
 
 def embedding_index_check(enabled: bool):
-    """Turn the id range check of sharded lookups on or off inside a ``with`` block.
+    """Turn the id range check of sharded lookups on or off inside a ``with`` block (in this thread or
+    task only: other threads keep their own setting, on by default).
 
     The check costs a min/max over the ids (plus a one-element all-reduce when the ids are sharded).
-    Without it an out-of-range id of a row-wise table silently reads a zero row.
+    Without it an out-of-range id of a row-wise table silently reads a zero row. A compiled step
+    (``DTensorExpandMode``) keeps the check in its graph, as it was set when the step was traced.
 
     >>> with embedding_index_check(False):     # doctest: +SKIP
     ...     out = F.embedding(ids, w)
@@ -58,8 +64,10 @@ def embedding_index_check(enabled: bool):
     return _CHECK.set(enabled)
 
 
-def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> None:
-    """Raise EmbeddingIndexError on every rank when any id (on any rank) is out of range."""
+def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> torch.Tensor:
+    """Raise EmbeddingIndexError on every rank when any id (on any rank) is out of range; returns the ids
+    to look up. While a graph is recorded (``DTensorExpandMode``) the verdict cannot be read, so the
+    check is recorded as an op that raises when the graph runs, and the lookup reads its output."""
     if ids.numel():
         lo, hi = torch.aminmax(ids)
         bounds = torch.stack((-lo, hi))  # both as maxima, so one max-reduce combines ranks
@@ -67,6 +75,13 @@ def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> No
         bounds = torch.tensor([0, -1], device=ids.device)
     for m in sharded_dims:  # ranks holding different ids agree on the verdict
         bounds = all_reduce(bounds, "max", mesh, m)
+    if _recording(ids):
+        return torch.ops.shardwise.checked_embedding_ids(ids, bounds, num_embeddings)
+    _raise_if_out_of_range(bounds, num_embeddings)
+    return ids
+
+
+def _raise_if_out_of_range(bounds: torch.Tensor, num_embeddings: int) -> None:
     neg_lo, hi = bounds.tolist()
     neg, over = max(neg_lo, 0), max(hi - (num_embeddings - 1), 0)
     if neg or over:
@@ -76,6 +91,25 @@ def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> No
             f"ids must lie in [0, {num_embeddings - 1}]. Fix the ids (or the table size); "
             "nothing was looked up or modified"
         )
+
+
+def _recording(ids: torch.Tensor) -> bool:
+    # make_fx records the local kernels (its proxy mode is active); fake tensors hold no values
+    return isinstance(ids, FakeTensor) or _get_dispatch_mode(_PROXY) is not None
+
+
+@torch.library.custom_op("shardwise::checked_embedding_ids", mutates_args=())
+def _checked_ids(ids: torch.Tensor, bounds: torch.Tensor, num_embeddings: int) -> torch.Tensor:
+    """The id range check as one op of a recorded graph: it raises when the graph runs, as eager does.
+    Returns a copy of the ids (an op may not return its input) that the lookup then reads, so nothing
+    can drop the check or move the lookup before it."""
+    _raise_if_out_of_range(bounds, num_embeddings)
+    return ids.clone()
+
+
+@_checked_ids.register_fake
+def _checked_ids_fake(ids, bounds, num_embeddings):
+    return torch.empty_like(ids)
 
 
 def rowwise_lookup(weight: torch.Tensor, ids: torch.Tensor, offset: int) -> torch.Tensor:
@@ -163,11 +197,11 @@ def _embedding_local(schema, decision, out_specs, mesh, coord) -> Optional[Local
 
     def kernel(op, args, kwargs):
         weight, ids = args[0], args[1]
-        if _CHECK.enabled:
-            _check_ids(ids, v, mesh, sharded)
+        if _CHECK.get():
+            ids = _check_ids(ids, v, mesh, sharded)
         if rowwise:
             return rowwise_lookup(weight, ids, offset)
-        return op(*args, **kwargs)
+        return op(weight, ids, *args[2:], **kwargs)
 
     return LocalPlan(kernel=kernel)
 
@@ -262,8 +296,8 @@ def _renorm_local(schema, decision, out_specs, mesh, coord) -> Optional[LocalPla
 
     def kernel(op, args, kwargs):
         weight, ids = args[0], args[1]
-        if _CHECK.enabled:
-            _check_ids(ids, v, mesh, ())
+        if _CHECK.get():
+            ids = _check_ids(ids, v, mesh, ())
         if rowwise:
             local = ids - offset
             ids = local[(local >= 0) & (local < rows)]

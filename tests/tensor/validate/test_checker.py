@@ -9,17 +9,16 @@ import pytest
 import torch
 from torch.ops import aten
 
-from shardwise.tensor._simcomm import _Dist, run_ranks
-from shardwise.tensor.collectives import all_gather_dim, all_reduce, all_to_all_dims, reduce_scatter_dim
 from shardwise.tensor.placements import Partial, Replicate, Shard
 from shardwise.tensor.propagation.propagator import Decision
 from shardwise.tensor.propagation.registry import RULES, RuleEntry, registered_ops
 from shardwise.tensor.propagation.schema import LocalPlan, Strategy
-from shardwise.tensor.validate import Plain, Sample, ValidationReport, _partial_pieces, main, validate_rules
+from shardwise.tensor.validate import Plain, Sample, ValidationReport, main, validate_rules
 
 R = Replicate()
 
-# Registered ops that may lack samples (add a sample in shardwise/tensor/_samples.py instead when you can).
+# Registered ops that may lack samples (add a sample in shardwise/tensor/validate/samples/<family>.py
+# instead when you can).
 # Each entry must say why, e.g. "aten.foo.default",  # data-dependent output shape, no meta kernel
 ALLOWED_WITHOUT_SAMPLES: set = set()
 
@@ -74,55 +73,6 @@ def test_collective_kernels_agree_on_simulated_collectives(report):
     for op in ops:
         r, before = rep.ops[str(op)], report.ops[str(op)]
         assert not r.real_ranks and r.checked == before.checked + len(before.real_ranks)
-
-
-def test_simulated_collectives_match_their_definitions():
-    full = torch.arange(35.0).reshape(7, 5)
-
-    def kernel(rank, mesh):
-        mine = torch.chunk(full, 3, dim=1)[rank]  # 2, 2, 1 columns
-        gathered = all_gather_dim(mine.contiguous(), 1, 5, mesh, 0)
-        scattered = reduce_scatter_dim(full * (rank + 1), "sum", 0, mesh, 0, rank)
-        swapped = all_to_all_dims(mine.contiguous(), 1, 0, 5, mesh, 0, rank)
-        return gathered, scattered, swapped, all_reduce(torch.tensor([rank]), "avg", mesh, 0)
-
-    for rank, (gathered, scattered, swapped, avg) in enumerate(run_ranks(3, kernel)):
-        assert torch.equal(gathered, full)
-        assert torch.equal(scattered, torch.chunk(full * 6, 3, dim=0)[rank])
-        assert torch.equal(swapped, torch.chunk(full, 3, dim=0)[rank])
-        assert avg.item() == 1
-
-
-def test_simulated_c10d_collectives_match_their_definitions():
-    d = _Dist(torch.distributed)
-    full = torch.arange(12.0).reshape(6, 2)
-
-    def kernel(rank, mesh):
-        g, mine = mesh.get_group(0), full[2 * rank:2 * rank + 2]
-        red = mine.clone()
-        d.all_reduce(red, torch.distributed.ReduceOp.MAX, group=g)
-        gathered = torch.empty(6, 2)
-        d.all_gather_into_tensor(gathered, mine, group=g)
-        scattered = torch.empty(2, 2)
-        d.reduce_scatter_tensor(scattered, full * (rank + 1), group=g)
-        swapped = torch.empty(6, 2)
-        d.all_to_all_single(swapped, full + 100 * rank, group=g)
-        return red, gathered, scattered, swapped
-
-    for rank, (red, gathered, scattered, swapped) in enumerate(run_ranks(3, kernel)):
-        assert torch.equal(red, full[4:6]) and torch.equal(gathered, full)
-        assert torch.equal(scattered, full[2 * rank:2 * rank + 2] * 6)
-        assert torch.equal(swapped, torch.cat([full[2 * rank:2 * rank + 2] + 100 * src for src in range(3)]))
-
-
-def test_a_failing_simulated_rank_does_not_hang():
-    def kernel(rank, mesh):
-        if rank == 1:
-            raise ZeroDivisionError("rank 1")
-        return all_reduce(torch.ones(1), "sum", mesh, 0)
-
-    with pytest.raises(ZeroDivisionError, match="rank 1"):
-        run_ranks(3, kernel)
 
 
 # Rules composed over 2-D meshes: nested shards of one dim (both mesh dims sharding it) and mixed
@@ -287,25 +237,6 @@ def test_plain_scalar_tensor_is_never_asked_to_shard(monkeypatch):
     assert rep.ok and rep.ops["aten.add.Tensor"].skipped == 1 and rep.ops["aten.add.Tensor"].checked == 1
 
 
-# --- pieces and arguments ------------------------------------------------------------------------------
-
-_PIECE_CASES = [(op, dt) for op in ("sum", "avg", "max", "min") for dt in (torch.float32, torch.int64, torch.bool)
-                if not (dt == torch.bool and op in ("sum", "avg"))]  # a bool cannot hold a pending sum
-
-
-@pytest.mark.parametrize("op,dtype", _PIECE_CASES)
-def test_partial_pieces_reduce_to_the_full_value(op, dtype):
-    gen = torch.Generator().manual_seed(1)
-    full = (torch.randn(4, 5) * 4).to(dtype)
-    pieces = _partial_pieces(full, op, 3, gen)
-    st = torch.stack(pieces)
-    got = {"sum": lambda: st.sum(0), "avg": lambda: st.sum(0) / 3, "max": lambda: st.amax(0),
-           "min": lambda: st.amin(0)}[op]().to(dtype)
-    assert torch.allclose(got.double(), full.double(), atol=1e-5)
-    if op in ("max", "min") and dtype != torch.bool:
-        assert not all(torch.equal(p, full) for p in pieces)  # not the trivial split
-
-
 def test_bad_arguments():
     with pytest.raises(ValueError, match="each mesh must be a size >= 1"):
         validate_rules(world_sizes=(0,))
@@ -315,11 +246,3 @@ def test_bad_arguments():
         validate_rules(world_sizes=())
     with pytest.raises(ValueError, match="no registered sharding rule"):
         validate_rules([aten.lgamma.default])
-    assert main(["--op", "no_such_op"]) == 2
-    assert main(["--world-sizes", "2,x"]) == 2
-
-
-def test_main_prints_and_succeeds(capsys):
-    assert main(["--op", "aten.mm.default", "--world-sizes", "2,3"]) == 0
-    out = capsys.readouterr().out
-    assert "aten.mm.default" in out and "0 failures" in out

@@ -1,6 +1,6 @@
 """Check every registered sharding rule against plain PyTorch, on simulated ranks in one process.
 
-For each op with sample inputs (``_samples.py``), each sample, each mesh (1-D sizes, optionally N-D
+For each op with sample inputs (``samples/``), each sample, each mesh (1-D sizes, optionally N-D
 shapes) and each strategy its rule offers (per-dim rules: every combination over the mesh dims), the
 validator builds every rank's local inputs from the full sample tensors (torch.chunk pieces, copies, or
 random pieces whose reduction is the full value for pending reductions), plans the call the way the
@@ -17,34 +17,30 @@ combinations are listed as needing real ranks, or run on thread ranks with simul
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import math
-import sys
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from . import ops as _ops  # noqa: F401  (registers the rules)
-from ._samples import Plain, Sample, sample_inputs
-from ._simcomm import NotSimulated, run_ranks
-from ._validate_run import (Mismatch, call, compare_output, coords, distribute, flatten, leaves_of,
-                            partial_pieces, rebuild, tolerance)
-from ._validation_report import Failure, OpReport, ValidationReport
-from .dispatch import _meta_outputs
-from .placements import Partial, Replicate, Shard
-from .propagation.propagator import Decision, op_mutates_first_arg
-from .propagation.registry import lookup_rule, registered_ops
-from .propagation.schema import OpSchema, TensorArg
-from .spec import DTensorSpec, normalize_placements
+from .. import ops as _ops  # noqa: F401  (registers the rules)
+from ..dispatch import _meta_outputs
+from ..placements import Partial, Replicate, Shard
+from ..propagation.propagator import Decision, op_mutates_first_arg
+from ..propagation.registry import lookup_rule, registered_ops
+from ..propagation.schema import OpSchema, TensorArg
+from ..spec import DTensorSpec, normalize_placements
+from .per_rank import Mismatch, call, compare_output, coords, distribute, flatten, leaves_of, rebuild, tolerance
+from .report import Failure, OpReport, ValidationReport
+from .samples import Plain, Sample, sample_inputs
+from .thread_ranks import NotSimulated, run_ranks
 
-__all__ = ["validate_rules", "ValidationReport", "OpReport", "Failure", "NeedsRealRanks", "Sample", "Plain", "main"]
+__all__ = ["validate_rules", "ValidationReport", "OpReport", "Failure", "NeedsRealRanks", "Sample", "Plain"]
 
 R = Replicate()
 _CANDIDATES = (R, "first", "last", Partial("sum"), Partial("avg"), Partial("max"), Partial("min"))
-_partial_pieces = partial_pieces  # the tests check the pieces' reductions
 
 
 class NeedsRealRanks(RuntimeError):
@@ -352,7 +348,7 @@ def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None,
 
     ``samples`` optionally maps an op to its own list of ``Sample`` (instead of the built-in ones).
     Local kernels issuing collectives are listed as needing real ranks, unless ``simulate_collectives``
-    runs them on thread ranks with simulated collectives (``_simcomm``).
+    runs them on thread ranks with simulated collectives (``thread_ranks.py``).
 
     >>> from torch.ops import aten
     >>> validate_rules([aten.add.Tensor], world_sizes=(3,)).ok
@@ -380,52 +376,3 @@ def validate_rules(ops=None, world_sizes=(2, 3, 4), seed: int = 0, samples=None,
                 _check_sample(op, lookup_rule(op), sample, meshes, rep, gen, simulate_collectives)
     report.seconds = time.perf_counter() - start
     return report
-
-
-def _parse_meshes(text: str) -> tuple:
-    meshes = []
-    for part in (s.strip() for s in text.split(",")):
-        if part:
-            dims = tuple(int(d) for d in part.split("x"))
-            meshes.append(dims[0] if len(dims) == 1 else dims)
-    return _check_sizes(meshes)
-
-
-def main(argv=None) -> int:
-    """``shardwise validate``: print the report; exit status 1 when a rule fails, 2 on bad arguments.
-
-    >>> main(["--op", "aten.t.default", "--world-sizes", "2,2x2", "--quiet"])  # doctest: +ELLIPSIS
-    validated 1 ops on meshes [2, (2, 2)]: ... 0 failures, ...
-    0
-    """
-    parser = argparse.ArgumentParser(prog="shardwise validate",
-                                     description="Check sharding rules against full-tensor PyTorch.")
-    parser.add_argument("--op", action="append", default=[], help="only ops whose name contains this")
-    parser.add_argument("--world-sizes", default="2,3,4", help="comma-separated meshes: sizes, or shapes like 2x2")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quiet", action="store_true", help="print failures and the summary only")
-    parser.add_argument("--simulate-collectives", action="store_true",
-                        help="run kernels that issue collectives on thread ranks instead of skipping them")
-    a = parser.parse_args(argv)
-    try:
-        sizes = _parse_meshes(a.world_sizes)
-    except ValueError as e:
-        print(f"--world-sizes {a.world_sizes!r}: {e}", file=sys.stderr)
-        return 2
-    ops = None
-    if a.op:
-        ops = [o for o in registered_ops() if any(s in str(o) for s in a.op)]
-        if not ops:
-            print(f"no registered op matches {a.op}; see shardwise.tensor.propagation.registered_ops()",
-                  file=sys.stderr)
-            return 2
-    report = validate_rules(ops, sizes, a.seed, simulate_collectives=a.simulate_collectives)
-    if a.quiet:
-        print("\n".join([str(f) for f in report.failures] + [report.summary()]))
-    else:
-        print(report)
-    return 0 if report.ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

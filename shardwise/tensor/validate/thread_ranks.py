@@ -23,7 +23,7 @@ import threading
 
 import torch
 
-from . import collectives as _collectives
+from .. import collectives as _collectives
 
 __all__ = ["SimGroup", "NotSimulated", "run_ranks", "simulated_collectives"]
 
@@ -96,7 +96,7 @@ class _Funcol:
         return torch.cat([pieces[src][group.rank] for src in range(group.size)], dim=0)
 
     def __getattr__(self, name):
-        raise NotSimulated(f"functional collective {name!r} is not simulated (add it to _simcomm._Funcol)")
+        raise NotSimulated(f"functional collective {name!r} is not simulated (add it to thread_ranks._Funcol)")
 
 
 class _Done:

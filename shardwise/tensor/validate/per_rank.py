@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from .placements import MaskPartial, Placement, Replicate, Shard
-from .propagation.propagator import op_mutates_first_arg
+from ..placements import MaskPartial, Placement, Replicate, Shard
+from ..propagation.propagator import op_mutates_first_arg
 
 __all__ = ["leaves_of", "rebuild", "partial_pieces", "distribute", "coords", "flatten", "call", "tolerance",
            "compare_output", "Mismatch", "Raw"]

@@ -1,4 +1,4 @@
-"""The validator's report: per-op counts, failures and a printable table (see ``validate.py``).
+"""The validator's report: per-op counts, failures and a printable table (see ``checker.py``).
 
 >>> r = ValidationReport({"aten.t.default": OpReport("aten.t.default", samples=1, checked=3)}, [], (2,))
 >>> r.ok, r.summary()
