@@ -22,10 +22,9 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
-from .load import LoadMeter
 from .model import DenseArch, auc, make_ebc, make_tables
 from .progress import Progress, console
-from .reshard import counter_restore, counter_snapshot, live_reshard
+from .reshard import live_reshard
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 
@@ -108,10 +107,9 @@ class Trainer:
         self.dense = make_dense_runner(cfg.dense_parallel, arch, cfg.lr_dense, self.mesh)
         if meta is not None:
             self._load(meta)
-        self.meter = LoadMeter(self.sparse.boxes(), self.plan, self.rank, self.world, self.device)
-        if meta is not None and meta["world"] == self.world and meta.get("load"):
-            self.meter.restore(meta["load"])
-            counter_restore(self.sparse, meta.get("lookup_counter"))
+        # the module counts its own lookups; a window of measured load starts here (a resumed run
+        # measures its own processes and layout afresh)
+        self.window_from = self.step
 
     def _state(self, template: bool = False) -> dict:
         dense = self.dense.state()
@@ -141,7 +139,6 @@ class Trainer:
     def train_step(self):
         b = self.cfg.batch_size
         dense, kjt, labels = self._inputs(self.cursor + self.rank * b, b)
-        self.meter.observe(kjt, self.table_of)
         pooled = self.sparse(kjt).values()
         loss, logits, grad_pooled = self.dense.step(dense, pooled, labels)
         pooled.backward(grad_pooled)   # the fused optimizer updates the shards during this backward
@@ -169,8 +166,8 @@ class Trainer:
         window, t0, seen0 = [], time.perf_counter(), self.step
         with progress:
             while self.step < cfg.steps:
-                # after a resume on another world size the counts restart: measure a step first
-                if self.step >= cfg.reshard_at and self.reshard_info["status"] == "pending" and self.meter.steps:
+                if self.step >= cfg.reshard_at and self.reshard_info["status"] == "pending" \
+                        and self.step > self.window_from:
                     self._reshard(progress)
                 loss, logits, labels = self.train_step()
                 window.append((torch.sigmoid(logits), labels))
@@ -196,19 +193,16 @@ class Trainer:
         return self.finish(seen0)
 
     def _reshard(self, progress) -> None:
-        totals = self.meter.totals()
-        before = self.meter.per_rank(totals)
-        self.load_windows.append({"label": "before reshard", "steps": self.meter.steps, "per_rank": before,
-                                  "plan": plan_to_json(self.plan)})
+        stats = self.sparse.load_stats(reset=True)   # collective: the same numbers on every rank
+        before = stats.per_rank()
+        self.load_windows.append({"label": "before reshard", "steps": self.step - self.window_from,
+                                  "per_rank": before, "plan": plan_to_json(self.plan)})
         max_bytes = int(self.cfg.memory_per_rank_mb * 2**20)
-        res = live_reshard(self.sparse, self.plan, self.meter.per_table(totals), max_bytes)
+        res = live_reshard(self.sparse, stats, self.plan, max_bytes)
         self.reshard_info = {"status": res.status, "at_step": self.step, "reason": res.reason,
                              "changes": plan_to_json(res.changes), "load_before": before, "stats": res.stats}
-        if res.status == "applied":
-            self.sparse, self.plan = res.module, res.plan
-            self.meter = LoadMeter(self.sparse.boxes(), self.plan, self.rank, self.world, self.device)
-        else:
-            self.meter.reset()
+        self.plan = res.plan
+        self.window_from = self.step
         if self.rank == 0:
             progress.notice(_reshard_notice(res, self.step))
             if res.status == "applied" and not self.cfg.quiet:
@@ -219,8 +213,7 @@ class Trainer:
         meta = {"step": self.step, "cursor": self.cursor, "world": self.world, "plan": plan_to_json(self.plan),
                 "plan_before": plan_to_json(self.plan_before), "history": self.history,
                 "reshard": self.reshard_info, "load_windows": self.load_windows,
-                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json(),
-                "load": self.meter.snapshot(), "lookup_counter": counter_snapshot(self.sparse)}
+                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json()}
         ckpt.save_checkpoint(self.cfg.checkpoint_path, self.step, self._state(), meta)
 
     # ---- the end ----------------------------------------------------------------------------------
@@ -235,12 +228,11 @@ class Trainer:
         return auc(self._gather(scores), self._gather(labels))
 
     def finish(self, seen0: int) -> Optional[dict]:
-        totals = self.meter.totals()
         label = "after reshard" if self.reshard_info["status"] == "applied" else \
             ("whole run" if self.reshard_info["status"] == "off" else "after (reshard not applied)")
-        if self.meter.steps:
-            self.load_windows.append({"label": label, "steps": self.meter.steps,
-                                      "per_rank": self.meter.per_rank(totals), "plan": plan_to_json(self.plan)})
+        if self.step > self.window_from:
+            self.load_windows.append({"label": label, "steps": self.step - self.window_from,
+                                      "per_rank": self.sparse.load_stats().per_rank(), "plan": plan_to_json(self.plan)})
         eval_auc = self.evaluate()
         if self.rank != 0:
             return None

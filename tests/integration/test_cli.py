@@ -10,7 +10,6 @@ import pytest
 
 from shardwise.cli import _is_ratio_line, main
 from shardwise.train.data import SyntheticClicks, default_cardinalities
-from shardwise.train.reshard import unavailable_reason
 
 
 @pytest.mark.parametrize("cmd", [[], ["train"], ["plan"], ["bench"], ["validate"]])
@@ -84,11 +83,7 @@ def test_two_process_run_writes_a_sane_report(run_a):
     assert len(m["plan_before"]) == 26 and {r["sharding"] for r in m["plan_before"]} <= {
         "table_wise", "row_wise", "data_parallel"}
     rs = m["reshard"]
-    assert rs["at_step"] == 12 and rs["status"] in ("applied", "no-change", "unavailable")
-    if unavailable_reason() is None:   # the resharding API is installed: it must have run
-        assert rs["status"] in ("applied", "no-change"), rs
-    else:
-        assert rs["status"] == "unavailable" and "unavailable" in rs["reason"]
+    assert rs["at_step"] == 12 and rs["status"] in ("applied", "no-change"), rs
     windows = rs["load_windows"]
     assert [w["steps"] for w in windows] == [12, 12] and all(len(w["per_rank"]) == 2 for w in windows)
     assert "| t_C1 |" in (out / "plan.md").read_text()
