@@ -29,6 +29,8 @@ class TrainConfig:
     batch_size: int = 256
     out: str = "shardwise-report"
     reshard_at: Optional[int] = None     # None: halfway through the run
+    # steps of measured load (on the current processes and layout) a reshard decision needs at least
+    reshard_min_window: int = 10
     checkpoint_every: int = 200
     checkpoint_dir: Optional[str] = None  # None: <out>/checkpoints
     resume: bool = False
@@ -57,6 +59,10 @@ class TrainConfig:
             self.reshard_at = max(1, self.steps // 2)
         if not isinstance(self.reshard_at, int) or self.reshard_at < 0:
             raise ValueError(f"reshard_at={self.reshard_at!r} must be an int >= 0 (0 turns resharding off)")
+        if not isinstance(self.reshard_min_window, int) or isinstance(self.reshard_min_window, bool) \
+                or self.reshard_min_window < 1:
+            raise ValueError(f"reshard_min_window={self.reshard_min_window!r} must be an int >= 1 (steps of measured "
+                             f"load a reshard decision needs), e.g. --reshard-min-window 10")
         if self.dense_parallel not in _DENSE_MODES:
             raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
         if not isinstance(self.collective_timeout, (int, float)) or self.collective_timeout <= 0:

@@ -49,8 +49,9 @@ def _place_rest(todo: list, kept: dict, kept_tables: list, world: int, planner) 
     out = {}
     for t in sorted(todo, key=lambda t: (-t.num_embeddings * t.embedding_dim, t.name)):
         cands = [table_wise(r) for r in sorted(range(world), key=lambda r: (cost[r], r))]
-        cands += [row_wise()] if world > 1 else []
-        cands += [data_parallel()] if t.num_embeddings <= planner.dp_max_rows else []
+        cands += [row_wise()] if world > 1 and ShardingType.ROW_WISE in planner.types else []
+        cands += [data_parallel()] if t.num_embeddings <= planner.dp_max_rows and \
+            ShardingType.DATA_PARALLEL in planner.types else []
         best = None
         for ps in cands:
             e = planner.estimate({t.name: ps}, [t])

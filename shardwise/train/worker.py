@@ -32,6 +32,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=d.out, help="report folder (default %(default)s)")
     p.add_argument("--reshard-at", type=int, default=None,
                    help="step of the live reshard from measured load; 0 turns it off (default: half of --steps)")
+    p.add_argument("--reshard-min-window", type=int, default=d.reshard_min_window,
+                   help="steps of measured load the reshard needs on the current processes: after a resume or "
+                        "restart it waits until the new processes have measured this many (default %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="save a checkpoint every K steps and at the end; 0 = never (default %(default)s)")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint folder (default: OUT/checkpoints)")
@@ -49,6 +52,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     return TrainConfig(steps=ns.steps, batch_size=ns.batch_size, out=ns.out, reshard_at=ns.reshard_at,
+                       reshard_min_window=ns.reshard_min_window,
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
                        quiet=ns.quiet, collective_timeout=ns.collective_timeout)
