@@ -65,6 +65,9 @@ class TrainConfig:
                              f"load a reshard decision needs), e.g. --reshard-min-window 10")
         if self.dense_parallel not in _DENSE_MODES:
             raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
+        if not isinstance(self.memory_per_rank_mb, (int, float)) or not self.memory_per_rank_mb > 0:
+            raise ValueError(f"memory_per_rank_mb={self.memory_per_rank_mb!r} must be a positive number of MiB "
+                             f"(weights + optimizer state per rank), e.g. --memory-per-rank-mb 1024")
         if not isinstance(self.collective_timeout, (int, float)) or self.collective_timeout <= 0:
             raise ValueError(f"collective_timeout={self.collective_timeout!r} must be a positive number of seconds")
         # numpy's SeedSequence takes no negative seed and torch.manual_seed none past 64 bits: a bad seed

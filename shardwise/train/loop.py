@@ -212,8 +212,10 @@ class Trainer:
         stats = self.sparse.load_stats(reset=True)   # collective: the same numbers on every rank
         before = stats.per_rank()
         add_window(self.story, "before reshard", self.window_from, self.step, before)
-        max_bytes = int(self.cfg.memory_per_rank_mb * 2**20)
-        res = live_reshard(self.sparse, stats, self.plan, max_bytes)
+        budget = int(self.cfg.memory_per_rank_mb * 2**20)
+        # the same figure bounds the bytes moved and, through the planner, the memory of every rank
+        res = live_reshard(self.sparse, stats, self.plan, max_bytes_moved=budget, max_bytes_per_rank=budget,
+                           planner=self.planner, tables=self.tables)
         old, new = self.planner.estimate(self.plan, self.tables), self.planner.estimate(res.plan, self.tables)
         rec = add_reshard(self.story, {
             "step": self.step, "status": res.status, "reason": res.reason, "changes": plan_to_json(res.changes),
@@ -295,8 +297,9 @@ def _reshard_notice(rec: dict) -> str:
         mem = "memory per rank (weights + optimizer state): " + " ".join(
             f"{a / 2**20:.1f}->{b / 2**20:.1f} MiB" for a, b in zip(rec["memory_before"], rec["memory_after"]))
         imb = max_over_mean(rec["measured_before"])
+        note = f"\n{rec['reason']}" if rec["reason"] else ""
         return (f"[bold green]live reshard at step {step}[/] (measured load max/mean {imb:.2f} over the last "
-                f"window): {moved}{size}\n{mem}")
+                f"window): {moved}{size}\n{mem}{note}")
     if rec["status"] == "no-change":
         return f"[yellow]reshard check at step {step}: {rec['reason']}; plan kept[/]"
     return f"[bold red]reshard at step {step} failed:[/] {rec['reason']}"

@@ -45,6 +45,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="data parallelism of the dense MLPs (default %(default)s)")
     p.add_argument("--rows", type=int, default=d.rows, help="rows of the largest table (default %(default)s)")
     p.add_argument("--dim", type=int, default=d.dim, help="embedding dimension (default %(default)s)")
+    p.add_argument("--memory-per-rank-mb", type=float, default=d.memory_per_rank_mb,
+                   help="embedding memory per rank in MiB (weights + optimizer state) that the plan, a resume and "
+                        "the live reshard must respect (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
@@ -55,7 +58,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        reshard_min_window=ns.reshard_min_window,
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
-                       quiet=ns.quiet, collective_timeout=ns.collective_timeout)
+                       memory_per_rank_mb=ns.memory_per_rank_mb, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
 
 
 def check_output_paths(cfg: TrainConfig) -> None:

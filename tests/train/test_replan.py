@@ -64,3 +64,28 @@ def test_run_counts_resumes_and_restarts(segments, want):
     assert (counts["resumes"], counts["restarts"]) == want and counts["segments"] == len(segments)
     assert [w["segment"] for w in story["windows"]] == list(range(len(segments)))
     assert story["windows"][0]["max_over_mean"] == 1.5
+
+
+@pytest.mark.parametrize("flags, field, want", [
+    (["--reshard-min-window", "25"], "reshard_min_window", 25), ([], "reshard_min_window", 10),
+    (["--memory-per-rank-mb", "64"], "memory_per_rank_mb", 64.0), ([], "memory_per_rank_mb", 1024.0),
+])
+def test_reshard_window_and_memory_flags(flags, field, want):
+    import argparse
+
+    from shardwise.train.worker import add_train_arguments, config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    assert getattr(config_from_args(parser.parse_args(flags)), field) == want
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"reshard_min_window": 0}, "reshard_min_window=0 must be an int >= 1"),
+    ({"memory_per_rank_mb": float("nan")}, "memory_per_rank_mb=nan must be a positive number of MiB"),
+])
+def test_bad_reshard_settings_name_the_value_and_the_fix(kwargs, match):
+    from shardwise.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)

@@ -4,7 +4,9 @@ import functools
 
 import torch
 
-from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, current_plan, row_wise, shard
+from shardwise.embedding import (
+    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingShardingPlanner, current_plan, row_wise, shard, table_wise,
+)
 from shardwise.sparse import KeyedJaggedTensor
 from shardwise.testing import run_on_ranks
 from shardwise.train.reshard import live_reshard
@@ -15,7 +17,15 @@ def _norm(plan, world):
     return {t: (ps.sharding_type, ps.ranks or tuple(range(world))) for t, ps in plan.items()}
 
 
-def _skewed_run(rank, world, max_bytes_per_rank):
+def _held_bytes(sharded, world):
+    """Ground truth from the module's real layout: fp32 weights + one Adagrad accumulator per element."""
+    out = [0] * world
+    for b in sharded.boxes():
+        out[b.rank] += b.row_size * b.col_size * 4 * 2
+    return out
+
+
+def _skewed_run(rank, world, max_bytes_per_rank, budget=None):
     """Two row-wise 64-row tables whose ids all hit rows 0..7 (rank 0's block): rank 1 serves nothing."""
     torch.manual_seed(0)
     ebc = EmbeddingBagCollection([EmbeddingBagConfig("a", 64, 4, ["fa"]), EmbeddingBagConfig("b", 64, 4, ["fb"])])
@@ -26,12 +36,14 @@ def _skewed_run(rank, world, max_bytes_per_rank):
     for _ in range(3):
         sharded(kjt)
     stats = sharded.load_stats(reset=True)
-    res = live_reshard(sharded, stats, plan, max_bytes_moved=1 << 20, max_bytes_per_rank=max_bytes_per_rank)
+    planner = None if budget is None else EmbeddingShardingPlanner(world, budget, batch_size_per_rank=4)
+    res = live_reshard(sharded, stats, plan, max_bytes_moved=1 << 20, max_bytes_per_rank=max_bytes_per_rank,
+                       planner=planner, tables=ebc.tables)
     out = sharded(kjt).values()
     return {"status": res.status, "reason": res.reason, "plan_is_module_plan": _norm(res.plan, world) == _norm(current_plan(sharded), world),
             "plan_unchanged": res.plan == plan, "changes": res.changes, "before": stats.per_rank(),
             "after": sharded.load_stats().per_rank(), "moved": res.stats.get("tables_moved"),
-            "out": out, "want": ebc(kjt).values()}
+            "held": _held_bytes(sharded, world), "out": out, "want": ebc(kjt).values()}
 
 
 def test_applies_the_proposal_in_place_and_lowers_the_measured_load():
@@ -54,3 +66,48 @@ def test_a_refused_reshard_keeps_training_on_the_old_plan():
         assert r["status"] == "failed" and "max_bytes_per_rank=2500" in r["reason"], r["reason"]
         assert r["plan_unchanged"] and r["plan_is_module_plan"]
         torch.testing.assert_close(r["out"], r["want"])
+
+
+def test_the_rebalance_respects_a_memory_budget_per_rank():
+    free = run_on_ranks(_skewed_run, 2, None)[0]
+    assert max(free["held"]) > 2500, free["held"]   # unbounded, the proposal puts more than 2.5 KB on a rank
+    results = run_on_ranks(_skewed_run, 2, None, 2500)
+    r0 = results[0]
+    for r in results:
+        assert max(r["held"]) <= 2500, r["held"]
+        assert r["status"] == r0["status"] and r["plan_is_module_plan"]
+        torch.testing.assert_close(r["out"], r["want"])
+    # the only move that helps (a table to rank 1) needs 3 KB there: nothing is moved, and the reason says why
+    assert r0["status"] == "no-change" and r0["plan_unchanged"], r0
+    assert "memory budget (rank 1 would hold 3,072 bytes of 2,500 bytes" in r0["reason"], r0["reason"]
+
+
+def _four_tables_run(rank, world, budgets):
+    """Four table-wise tables on rank 0, each asked for equally often; rank 1 may hold only ``budgets[1]``."""
+    torch.manual_seed(0)
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(n, rows, 4, [f"f{n}"])
+                                  for n, rows in (("a", 128), ("b", 64), ("c", 64), ("d", 64))])
+    plan = {n: table_wise(0) for n in "abcd"}
+    sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))
+    kjt = KeyedJaggedTensor([f"f{n}" for n in "abcd"], torch.arange(8) + rank, lengths=torch.ones(8, dtype=torch.long))
+    for _ in range(2):
+        sharded(kjt)
+    stats = sharded.load_stats(reset=True)
+    planner = EmbeddingShardingPlanner(world, list(budgets), batch_size_per_rank=2)
+    res = live_reshard(sharded, stats, plan, max_bytes_moved=1 << 20, planner=planner, tables=ebc.tables)
+    out = sharded(kjt).values()
+    return {"status": res.status, "reason": res.reason, "changes": sorted(res.changes), "before": stats.per_rank(),
+            "after": sharded.load_stats().per_rank(), "held": _held_bytes(sharded, world), "out": out,
+            "want": ebc(kjt).values()}
+
+
+def test_a_proposal_over_the_budget_is_cut_to_the_moves_that_fit():
+    free = run_on_ranks(_four_tables_run, 2, (1 << 20, 1 << 20))[0]
+    assert free["status"] == "applied" and len(free["changes"]) >= 2 and free["held"][1] > 2048, free
+    results = run_on_ranks(_four_tables_run, 2, (1 << 20, 2048))
+    for r in results:
+        torch.testing.assert_close(r["out"], r["want"])
+    r0 = results[0]
+    # one 64-row table (2 KiB with its Adagrad state) fits on rank 1: it moves, the rest of the proposal stays
+    assert r0["status"] == "applied" and len(r0["changes"]) == 1 and r0["held"] == [6144 + 2048, 2048], r0
+    assert max(r0["after"]) < max(r0["before"]) and "left out to stay within the memory budget" in r0["reason"]
