@@ -42,6 +42,7 @@ class TrainConfig:
     lr_dense: float = 0.003
     lr_sparse: float = 0.05
     memory_per_rank_mb: float = 1024.0
+    threads: Optional[int] = None        # None: this host's cores / the ranks on this host
     eval_examples: int = 8192
     log_every: int = 10
     quiet: bool = False
@@ -68,6 +69,10 @@ class TrainConfig:
         if not isinstance(self.memory_per_rank_mb, (int, float)) or not self.memory_per_rank_mb > 0:
             raise ValueError(f"memory_per_rank_mb={self.memory_per_rank_mb!r} must be a positive number of MiB "
                              f"(weights + optimizer state per rank), e.g. --memory-per-rank-mb 1024")
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or self.threads < 1):
+            raise ValueError(f"threads={self.threads!r} must be a positive int (CPU threads per process), e.g. "
+                             f"--threads 4, or left out to share the host's cores among its ranks")
         if not isinstance(self.collective_timeout, (int, float)) or self.collective_timeout <= 0:
             raise ValueError(f"collective_timeout={self.collective_timeout!r} must be a positive number of seconds")
         # numpy's SeedSequence takes no negative seed and torch.manual_seed none past 64 bits: a bad seed

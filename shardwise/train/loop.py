@@ -106,7 +106,8 @@ class Trainer:
         kind = "restart" if restart else ("resume" if meta else "start")
         est = self.planner.estimate(self.plan, self.tables)
         open_segment(self.story, kind, self.world, self.step, plan_to_json(self.plan),
-                     os.environ.get("TORCHELASTIC_RUN_ID"), restart, moves, est.memory, est.cost)
+                     os.environ.get("TORCHELASTIC_RUN_ID"), restart, moves, est.memory, est.cost,
+                     torch.get_num_threads())
         if self.rank == 0 and kind != "start":
             console.print(_segment_notice(kind, restart, meta, self.world, moves))
 

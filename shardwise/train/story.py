@@ -35,12 +35,12 @@ def max_over_mean(per_rank: list) -> Optional[float]:
 
 def open_segment(story: dict, kind: str, world: int, step: int, plan: dict, launch: Optional[str],
                  attempt: int, moves: Optional[dict] = None, memory: Optional[list] = None,
-                 estimated: Optional[list] = None) -> dict:
+                 estimated: Optional[list] = None, threads: Optional[int] = None) -> dict:
     """Start a segment (``kind``: ``start``, ``resume`` or ``restart``) at ``step``; ``plan`` is the
     plan JSON it begins with, ``moves`` what the resume placed anew and why."""
     seg = {"index": len(story["segments"]), "kind": kind, "world_size": world, "first_step": step,
            "last_step": step, "launch": launch, "attempt": attempt, "plan": plan, "moves": moves or {},
-           "memory_per_rank": memory, "estimated_load_per_rank": estimated}
+           "memory_per_rank": memory, "estimated_load_per_rank": estimated, "threads_per_process": threads}
     story["segments"].append(seg)
     return seg
 

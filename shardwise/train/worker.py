@@ -48,6 +48,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-per-rank-mb", type=float, default=d.memory_per_rank_mb,
                    help="embedding memory per rank in MiB (weights + optimizer state) that the plan, a resume and "
                         "the live reshard must respect (default %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per process (default: this host's cores / the ranks running on this host)")
     p.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
@@ -58,7 +60,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        reshard_min_window=ns.reshard_min_window,
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
-                       memory_per_rank_mb=ns.memory_per_rank_mb, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
+                       memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
 
 
 def check_output_paths(cfg: TrainConfig) -> None:
@@ -102,6 +104,16 @@ def _init_process_group(timeout_s: float = 600.0):
     return init_device_mesh(device_type, (dist.get_world_size(),))
 
 
+def _set_threads(cfg: TrainConfig, mesh) -> None:
+    """Share the host's cores among the ranks on it (``--threads`` wins); collective."""
+    from .host import host_cores, ranks_on_this_host, threads_per_process
+
+    device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" \
+        else torch.device("cpu")
+    here = ranks_on_this_host(device)   # every rank takes part, also when --threads makes it moot
+    torch.set_num_threads(threads_per_process(host_cores(), here, cfg.threads))
+
+
 def run_worker(config_json: str) -> Optional[dict]:
     """One rank: join the process group, train, leave. Returns rank 0's metrics (None elsewhere).
 
@@ -113,9 +125,6 @@ def run_worker(config_json: str) -> Optional[dict]:
 
         # the launcher restarted the group after a failure: continue from the last committed checkpoint
         cfg.resume = latest(cfg.checkpoint_path) is not None
-    if not torch.cuda.is_available():
-        # local processes share the cores: one thread each avoids oversubscription
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     # import the job (and with it torch.distributed.nn) before the group exists: imported after, that
     # module's `group=WORLD` defaults keep the group alive past destroy_process_group, and its gloo
     # threads can then die at interpreter exit ("terminate called without an active exception")
@@ -123,6 +132,7 @@ def run_worker(config_json: str) -> Optional[dict]:
 
     mesh = _init_process_group(cfg.collective_timeout)
     try:
+        _set_threads(cfg, mesh)
         return Trainer(cfg, mesh).run()
     finally:
         gc.collect()  # drop finished work objects that still hold the group's tensors

@@ -10,6 +10,7 @@ import pytest
 
 from shardwise.cli import _is_ratio_line, main
 from shardwise.train.data import SyntheticClicks, default_cardinalities
+from shardwise.train.host import host_cores
 
 
 @pytest.mark.parametrize("cmd", [[], ["train"], ["plan"], ["bench"], ["validate"]])
@@ -86,6 +87,8 @@ def test_two_process_run_writes_a_sane_report(run_a):
     assert [(s["kind"], s["world_size"], s["first_step"], s["last_step"]) for s in m["segments"]] == [
         ("start", 2, 0, 24)]
     assert m["resumes"] == 0 and m["restarts"] == 0 == m["elastic_restarts"]
+    # both ranks run on this host: they share its cores
+    assert m["segments"][0]["threads_per_process"] == max(1, host_cores() // 2)
     rs = m["reshard"]
     assert rs["at_step"] == 12 and rs["status"] in ("applied", "no-change"), rs
     windows = m["load_windows"]
