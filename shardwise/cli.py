@@ -67,8 +67,14 @@ def _cmd_train(ns) -> int:
     from .train.launch import launch
     from .train.worker import check_output_paths, config_from_args
 
+    import torch
+
+    from .train.host import choose_device
+
     cfg = config_from_args(ns)
     check_output_paths(cfg)
+    # decided here, once for this machine's processes: NCCL refuses two ranks on one GPU
+    cfg.device = choose_device(cfg.device, ns.nproc_per_node, torch.cuda.device_count())
     if cfg.data:
         CriteoTSV(cfg.data)   # a malformed file fails here, before any process starts
     if cfg.resume:

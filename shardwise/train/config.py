@@ -43,6 +43,7 @@ class TrainConfig:
     lr_sparse: float = 0.05
     memory_per_rank_mb: float = 1024.0
     threads: Optional[int] = None        # None: this host's cores / the ranks on this host
+    device: Optional[str] = None         # "cuda" | "cpu"; None: cuda when every local process has a GPU
     eval_examples: int = 8192
     log_every: int = 10
     quiet: bool = False
@@ -73,6 +74,8 @@ class TrainConfig:
                                          or self.threads < 1):
             raise ValueError(f"threads={self.threads!r} must be a positive int (CPU threads per process), e.g. "
                              f"--threads 4, or left out to share the host's cores among its ranks")
+        if self.device not in (None, "cuda", "cpu"):
+            raise ValueError(f"device={self.device!r} must be 'cuda', 'cpu' or None (automatic)")
         if not isinstance(self.collective_timeout, (int, float)) or self.collective_timeout <= 0:
             raise ValueError(f"collective_timeout={self.collective_timeout!r} must be a positive number of seconds")
         # numpy's SeedSequence takes no negative seed and torch.manual_seed none past 64 bits: a bad seed

@@ -43,3 +43,32 @@ def test_threads_flag_and_validation():
     with pytest.raises(ValueError, match="threads=0 must be a positive int"):
         TrainConfig(threads=0)
     assert host_cores() >= 1
+
+
+@pytest.mark.parametrize("requested, procs, gpus, want", [
+    (None, 2, 0, "cpu"), (None, 2, 1, "cpu"),        # NCCL refuses two ranks on one GPU
+    (None, 2, 2, "cuda"), (None, 1, 8, "cuda"),
+    ("cpu", 2, 8, "cpu"), ("cuda", 4, 4, "cuda"),
+])
+def test_choose_device(requested, procs, gpus, want):
+    assert choose_device(requested, procs, gpus) == want
+
+
+@pytest.mark.parametrize("procs, gpus, match", [
+    (2, 1, "2 processes on this machine but 1 GPU.*--nproc-per-node 1 or --device cpu"),
+    (2, 0, "but 0 GPU.*use a machine with GPUs or pass --device cpu"),
+])
+def test_cuda_without_a_gpu_per_process_is_refused(procs, gpus, match):
+    with pytest.raises(ValueError, match=match):
+        choose_device("cuda", procs, gpus)
+    with pytest.raises(ValueError, match="--device 'tpu' must be one of"):
+        choose_device("tpu", procs, gpus)
+
+
+def test_cli_refuses_cuda_before_launching(tmp_path, capsys):
+    from shardwise.cli import main
+
+    gpus = torch.cuda.device_count()
+    assert main(["train", "--device", "cuda", "--nproc-per-node", str(gpus + 1), "--out", str(tmp_path / "r")]) == 2
+    assert "NCCL refuses two ranks on one GPU" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()   # nothing started, nothing written
