@@ -163,7 +163,7 @@ def test_resume_on_another_world_size(run_a, tmp_path):
     assert all(len(w["per_rank"]) == mc["segments"][w["segment"]]["world_size"] for w in mc["load_windows"])
 
 
-def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monkeypatch):
+def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monkeypatch, capfd):
     _, m = run_a
     # the last rank dies after writing its step-12 files, before the commit; the elastic launcher
     # restarts the group, which resumes from step 6 (the cut-off save must not count). This run never
@@ -174,6 +174,9 @@ def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monke
     md = _train(d, "--steps", "18", "--batch-size", "128", "--checkpoint-every", "6", "--reshard-at", "0",
                 "--max-restarts", "1")
     assert md["elastic_restarts"] == 1 == md["restarts"] and m["elastic_restarts"] == 0
+    # announced on the console (by the restarted rank 0, even with --quiet)
+    assert "elastic restart 1 of 1: a worker failed and the group was restarted; resuming from the checkpoint " \
+           "of step 6" in " ".join(capfd.readouterr().out.split())
     assert [(s["kind"], s["attempt"], s["first_step"]) for s in md["segments"]] == [("start", 0, 0), ("restart", 1, 6)]
     assert md["loss"]["value"][:12] == m["loss"]["value"][:12]
     np.testing.assert_allclose(md["loss"]["value"][12:], m["loss"]["value"][12:18], rtol=0, atol=1e-5,
@@ -187,3 +190,21 @@ def test_resume_needs_a_matching_checkpoint(run_a, tmp_path, capsys):
     out_a, _ = run_a
     assert main(["train", "--resume", "--out", str(out_a), "--rows", "5000", "--steps", "30"]) == 2
     assert "--rows 4000 (now 5000)" in capsys.readouterr().err
+
+
+def test_a_dead_worker_is_named_with_the_way_to_resume(tmp_path, monkeypatch, capfd):
+    monkeypatch.setenv("SHARDWISE_TRAIN_FAULT", "step:5")   # the last rank dies after step 5, no restarts
+    out = tmp_path / "e"
+    args = ["train", "--nproc-per-node", "2", "--out", str(out), "--quiet", "--rows", "400", "--steps", "8",
+            "--batch-size", "32", "--checkpoint-every", "4", "--reshard-at", "0"]
+    assert main(args) == 1
+    err = capfd.readouterr().err
+    assert "shardwise train: the job failed:" in err
+    assert "rank 1 (local rank 1, pid" in err and "exited with code 17 without a Python error" in err
+    assert "last committed checkpoint (step_00000004 in" in err and "run the same command with --resume" in err
+    # the advice works: the resumed job finishes, and its story says so
+    monkeypatch.delenv("SHARDWISE_TRAIN_FAULT")
+    assert main(args + ["--resume"]) == 0
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["steps"] == 8 and m["resumes"] == 1 and m["restarts"] == 0
+    assert [(s["kind"], s["first_step"], s["last_step"]) for s in m["segments"]] == [("start", 0, 4), ("resume", 4, 8)]
