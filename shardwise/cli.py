@@ -67,18 +67,26 @@ def _cmd_train(ns) -> int:
     from .train.launch import launch
     from .train.worker import check_output_paths, config_from_args
 
+    import torch
+
+    from .train.host import choose_device
+
     cfg = config_from_args(ns)
     check_output_paths(cfg)
+    # decided here, once for this machine's processes: NCCL refuses two ranks on one GPU
+    cfg.device = choose_device(cfg.device, ns.nproc_per_node, torch.cuda.device_count())
     if cfg.data:
         CriteoTSV(cfg.data)   # a malformed file fails here, before any process starts
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
     try:
         launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
-    except Exception as e:   # the launcher's ChildFailedError already printed each rank's traceback
+    except Exception as e:   # the launcher's ChildFailedError: name the ranks, the causes, the way on
         if type(e).__name__ != "ChildFailedError":
             raise
-        print(f"shardwise train: workers failed ({e.__class__.__name__}); see the traceback above", file=sys.stderr)
+        from .train.launch import describe_failure
+
+        print(describe_failure(e, cfg, ns.max_restarts), file=sys.stderr)
         return 1
     return 0
 
