@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--world", type=int, default=2, help="number of ranks (default %(default)s)")
     pl.add_argument("--batch-size", type=int, default=512, help="examples per rank per step (default %(default)s)")
     pl.add_argument("--memory-mb", type=float, default=1024.0, help="memory per rank in MiB (default %(default)s)")
+    pl.add_argument("--ranks-per-host", type=int, default=None,
+                    help="ranks per host (default: all on one host); tables may then go table-row-wise in a host")
+    pl.add_argument("--json", action="store_true", help="print the plan and its estimate as one JSON object")
     b = sub.add_parser("bench", help="run the benchmark scripts and print their ratio lines",
                        description="Run benchmarks/*.py one after another; print the JSON lines with ratios.")
     b.add_argument("--only", action="append", default=[], help="run only this script (e.g. ebc); repeatable")
@@ -102,8 +105,11 @@ def _cmd_plan(ns) -> int:
         raise ValueError(f"--memory-mb={ns.memory_mb} must be > 0 (MiB of embedding memory per rank)")
     tables = [EmbeddingBagConfig(f"t{i}", ns.rows, ns.dim, [f"f{i}"]) for i in range(ns.tables)]
     planner = EmbeddingShardingPlanner(ns.world, int(ns.memory_mb * 2**20), batch_size_per_rank=ns.batch_size,
-                                       ids_per_bag=1.0)
+                                       ids_per_bag=1.0, ranks_per_host=ns.ranks_per_host)
     plan = planner.plan(tables)
+    if ns.json:
+        print(json.dumps(planner.plan_record(plan, tables)))
+        return 0
     print_plan(planner, plan, tables, f"plan: {ns.tables} tables x {ns.rows} rows x {ns.dim} on {ns.world} ranks")
     return 0
 

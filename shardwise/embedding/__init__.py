@@ -17,6 +17,7 @@ from .plan import (
     ShardingType,
     column_wise,
     data_parallel,
+    rank_ranges,
     row_wise,
     table_row_wise,
     table_wise,
@@ -29,6 +30,6 @@ __all__ = [
     "EmbeddingBagConfig", "PoolingType", "EmbeddingBagCollection",
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
-    "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
+    "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
     "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats",
 ]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from ..embedding import rank_ranges
 from .progress import console
 from .story import run_counts
 
@@ -47,7 +48,7 @@ def print_plan(planner, plan: dict, tables, title: str) -> None:
                       ("bytes", "right"), (_EST, "right")):
         table.add_column(col, justify=just)
     for r in plan_rows(planner, plan, tables):
-        table.add_row(r["table"], f"{r['rows']}x{r['dim']}", r["sharding"], str(r["ranks"]),
+        table.add_row(r["table"], f"{r['rows']}x{r['dim']}", r["sharding"], rank_ranges(r["ranks"]),
                       f"{r['bytes']:,}", f"{r['est_load']:,.0f}")
     console.print(table)
     console.print("per rank (weights + optimizer state; planner's estimated load): " + "  ".join(
@@ -58,7 +59,7 @@ def plan_markdown(planner, plan: dict, tables, title: str) -> str:
     lines = [f"{title}", "", f"| table | rows x dim | sharding | ranks | bytes | {_EST} |",
              "|---|---:|---|---|---:|---:|"]
     for r in plan_rows(planner, plan, tables):
-        lines.append(f"| {r['table']} | {r['rows']}x{r['dim']} | {r['sharding']} | {r['ranks']} | "
+        lines.append(f"| {r['table']} | {r['rows']}x{r['dim']} | {r['sharding']} | {rank_ranges(r['ranks'])} | "
                      f"{r['bytes']:,} | {r['est_load']:,.0f} |")
     return "\n".join(lines) + "\n\n" + _per_rank_markdown(planner.estimate(plan, tables))
 

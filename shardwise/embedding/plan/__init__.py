@@ -4,7 +4,7 @@ from .values import (
     ParameterSharding, ShardBox, ShardingType, chunk_sizes, column_wise, data_parallel, row_wise, table_row_wise,
     table_wise,
 )
-from .planner import EmbeddingShardingPlanner, PlanEstimate  # noqa: E402  (after the values it uses)
+from .planner import EmbeddingShardingPlanner, PlanEstimate, rank_ranges  # noqa: E402  (after the values it uses)
 
 __all__ = ["ParameterSharding", "ShardBox", "ShardingType", "chunk_sizes", "column_wise", "data_parallel",
-           "row_wise", "table_row_wise", "table_wise", "EmbeddingShardingPlanner", "PlanEstimate"]
+           "row_wise", "table_row_wise", "table_wise", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges"]

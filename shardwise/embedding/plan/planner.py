@@ -6,7 +6,10 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..collection.config import EmbeddingBagConfig, check_tables
-from .values import ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, table_wise
+from ..sharding import SHARDERS, LayoutTopology
+from .values import (
+    ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
+)
 
 __all__ = ["EmbeddingShardingPlanner", "PlanEstimate"]
 
@@ -16,6 +19,8 @@ def _table_list(tables) -> list:
     return check_tables(tables.tables if hasattr(tables, "tables") and not isinstance(tables, (list, tuple))
                         else tables)
 
+
+_ID_COST = 2.0   # an id routed to a shard costs as much as moving two values (id, length) in the exchange
 
 # optimizer state per weight element ("elem") or per row ("row"), by optimizer name
 _STATE = {"sgd": (0, 0), "adagrad": (1, 0), "adam": (2, 0), "rowwiseadagrad": (0, 1)}
@@ -30,12 +35,40 @@ class PlanEstimate:
     shards: dict = field(default_factory=dict)   # table -> [(ShardBox, bytes, cost)]
 
 
+def rank_ranges(ranks) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``: readable rank lists at any world size.
+
+    >>> rank_ranges(range(128))
+    '0-127'
+    """
+    out, run = [], []
+    for r in sorted(set(ranks)):
+        if run and r == run[-1] + 1:
+            run.append(r)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [r]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
 class EmbeddingShardingPlanner:
     """Greedy planner: biggest tables first, each to the candidate layout (table-wise on a rank,
-    row-wise, column-wise, data-parallel) that keeps the maximum per-rank cost lowest and fits memory.
+    row-wise over all ranks, table-row-wise within one host, column-wise in blocks at least
+    ``min_column_width`` wide, data-parallel) that keeps the maximum per-rank cost lowest and fits
+    memory. Planning runs no collectives: it is a pure function of its arguments, so every rank
+    plans alike and 128 ranks plan in about a second.
 
     Storage = weights + optimizer state; lookup cost = ids routed to a shard per step x its columns,
-    with ids assumed uniform over rows (a row block gets its share) and ``ids_per_bag`` per feature.
+    with ids assumed uniform over rows (a row block gets its share) and ``ids_per_bag`` per feature,
+    plus the ids it receives (``_ID_COST`` each), plus the pooled output it returns (table-row-wise:
+    summed inside the host at ``intra_host_cost`` per value, then one sum per host crosses), plus
+    ``message_cost`` per shard (its kernel launch and its part
+    of every exchange: what keeps the planner from cutting a table into one sliver per rank).
+    ``ranks_per_host`` groups ranks into hosts (default: one host): table-row-wise splits a table's
+    rows over one host's ranks, whose partial sums meet inside the host first.
 
     Example:
         >>> planner = EmbeddingShardingPlanner(world_size=2, memory_per_rank_bytes=2**30)
@@ -45,7 +78,9 @@ class EmbeddingShardingPlanner:
 
     def __init__(self, world_size: int, memory_per_rank_bytes, batch_size_per_rank: int = 512,
                  ids_per_bag: float = 20.0, optimizer: str = "adagrad", bytes_per_element: int = 4,
-                 data_parallel_max_rows: int = 1024, sharding_types: Optional[Sequence[ShardingType]] = None):
+                 data_parallel_max_rows: int = 1024, sharding_types: Optional[Sequence[ShardingType]] = None,
+                 ranks_per_host: Optional[int] = None, min_column_width: int = 32, message_cost: float = 16384.0,
+                 intra_host_cost: float = 0.25):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         mem = [memory_per_rank_bytes] * world_size if isinstance(memory_per_rank_bytes, (int, float)) \
@@ -59,25 +94,27 @@ class EmbeddingShardingPlanner:
         self.batch, self.ids_per_bag, self.elem_bytes = batch_size_per_rank, float(ids_per_bag), bytes_per_element
         self.state_elem, self.state_row = _STATE[optimizer.lower()]
         self.dp_max_rows = data_parallel_max_rows
-        self.types = tuple(sharding_types or (ShardingType.TABLE_WISE, ShardingType.ROW_WISE,
-                                              ShardingType.COLUMN_WISE, ShardingType.DATA_PARALLEL))
+        per_host = world_size if ranks_per_host is None else ranks_per_host
+        if not isinstance(per_host, int) or per_host < 1 or world_size % per_host:
+            raise ValueError(f"ranks_per_host={ranks_per_host!r} must be a positive int dividing world_size "
+                             f"{world_size} (hosts of equal size)")
+        self.topo = LayoutTopology(world_size, tuple(tuple(range(h, h + per_host))
+                                                     for h in range(0, world_size, per_host)))
+        self.min_column_width, self.message_cost = int(min_column_width), float(message_cost)
+        self.intra_host_cost = float(intra_host_cost)
+        default = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
+                   ShardingType.DATA_PARALLEL) + ((ShardingType.TABLE_ROW_WISE,) if len(self.topo.hosts) > 1 else ())
+        self.types = tuple(sharding_types or default)
 
     # ---- cost model ---------------------------------------------------------------------------
     def shard_bytes(self, box: ShardBox) -> int:
         return self.elem_bytes * (box.row_size * box.col_size * (1 + self.state_elem) + box.row_size * self.state_row)
 
     def _boxes(self, t: EmbeddingBagConfig, ps: ParameterSharding) -> list[ShardBox]:
-        # the sharding classes are the single source of shard boxes; imported here because they
-        # import this package's values
-        from ..sharding import SHARDERS, LayoutTopology
-
-        if ps.sharding_type == ShardingType.TABLE_ROW_WISE:
-            raise ValueError(f"table {t.name!r}: the planner does not estimate {ps.sharding_type.value} plans; "
-                             f"use table_wise/row_wise/column_wise/data_parallel")
         for r in ps.ranks or ():
             if isinstance(r, int) and r >= self.world:
                 raise ValueError(f"table {t.name!r}: rank {r} is outside world_size {self.world}")
-        return SHARDERS[ps.sharding_type].layout(t, ps, LayoutTopology.flat(self.world))
+        return SHARDERS[ps.sharding_type].layout(t, ps, self.topo)
 
     def _shard_cost(self, t: EmbeddingBagConfig, ps: ParameterSharding, box: ShardBox) -> float:
         ids = self.batch * self.ids_per_bag * len(t.feature_names)
@@ -86,7 +123,12 @@ class EmbeddingShardingPlanner:
             return ids * box.col_size + box.row_size * box.col_size
         routed = ids * self.world * (box.row_size / t.num_embeddings)
         pooled = self.batch * self.world * len(t.feature_names) * box.col_size
-        return routed * box.col_size + pooled
+        if ps.sharding_type == ShardingType.TABLE_ROW_WISE:
+            # partial sums meet inside the host first (fast links), then one sum per sample crosses
+            # hosts, shared by the host's shards
+            per_host = len(self.topo.hosts[0])
+            pooled = pooled * self.intra_host_cost + pooled / per_host
+        return routed * (box.col_size + _ID_COST) + pooled + self.message_cost
 
     def estimate(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> PlanEstimate:
         """Per-rank memory and cost of ``plan``; checks every table is placed exactly once."""
@@ -120,9 +162,11 @@ class EmbeddingShardingPlanner:
         if ShardingType.ROW_WISE in self.types and self.world > 1:
             out.append(row_wise())
         if ShardingType.COLUMN_WISE in self.types:
-            for k in range(2, self.world + 1):
-                if k <= t.embedding_dim:
-                    out.append(column_wise(sorted(by_load[:k])))
+            for k in range(2, min(self.world, t.embedding_dim // max(1, self.min_column_width)) + 1):
+                out.append(column_wise(sorted(by_load[:k])))
+        if ShardingType.TABLE_ROW_WISE in self.types and len(self.topo.hosts) > 1:
+            host_load = [sum(load[r] for r in h) for h in self.topo.hosts]
+            out += [table_row_wise(h) for h in sorted(range(len(self.topo.hosts)), key=lambda h: (host_load[h], h))]
         if ShardingType.DATA_PARALLEL in self.types and t.num_embeddings <= self.dp_max_rows:
             out.append(data_parallel())
         return out
@@ -168,15 +212,31 @@ class EmbeddingShardingPlanner:
         lines = [f"{'table':<16}{'sharding':<16}{'ranks':<14}{'rows x dim':<16}{'MiB/shard':>10}"]
         for t in _table_list(tables):
             ps = plan[t.name]
-            ranks = sorted({b.rank for b, _, _ in est.shards[t.name]})
+            ranks = rank_ranges(b.rank for b, _, _ in est.shards[t.name])
             mib = max(b for _, b, _ in est.shards[t.name]) / 2**20
-            lines.append(f"{t.name:<16}{ps.sharding_type.value:<16}{str(ranks):<14}"
+            lines.append(f"{t.name:<16}{ps.sharding_type.value:<16}{ranks:<14}"
                          f"{f'{t.num_embeddings}x{t.embedding_dim}':<16}{mib:>10.2f}")
         lines.append(f"{'rank':<8}{'memory MiB':>12}{'limit MiB':>12}{'cost (M ids*dim)':>18}")
         for r in range(self.world):
             lines.append(f"{r:<8}{est.memory[r] / 2**20:>12.2f}{self.memory[r] / 2**20:>12.2f}"
                          f"{est.cost[r] / 1e6:>18.2f}")
         return "\n".join(lines)
+
+    def plan_record(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> dict:
+        """The plan and its estimate as JSON-ready data (``shardwise plan --json``); rank lists as
+        ranges (``"0-127"``), the cost figures labelled as the planner's estimate."""
+        est = self.estimate(plan, tables)
+        return {
+            "world_size": self.world, "hosts": [rank_ranges(h) for h in self.topo.hosts],
+            "tables": [{"name": t.name, "rows": t.num_embeddings, "dim": t.embedding_dim,
+                        "sharding": plan[t.name].sharding_type.value,
+                        "ranks": rank_ranges(b.rank for b, _, _ in est.shards[t.name]),
+                        "shards": len(est.shards[t.name]),
+                        "bytes_per_shard_max": max(b for _, b, _ in est.shards[t.name])}
+                       for t in _table_list(tables)],
+            "memory_bytes_per_rank": list(est.memory), "memory_limit_per_rank": list(self.memory),
+            "estimated_cost_per_rank": [round(c, 1) for c in est.cost],
+        }
 
     def print_plan(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> None:
         print(self.format_plan(plan, tables))
