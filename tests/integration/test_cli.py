@@ -95,10 +95,12 @@ def test_two_process_run_writes_a_sane_report(run_a):
     assert [(w["segment"], w["first_step"], w["last_step"]) for w in windows] == [(0, 0, 12), (0, 12, 24)]
     assert all(len(w["per_rank"]) == 2 for w in windows)
     # the demo's headline, on a shorter run with the same skew: power-law ids load the rank holding the
-    # hot row blocks (measured max/mean ~1.4), and the live reshard evens the measured load out (~1.0)
+    # hot row blocks (measured max/mean ~1.2 under the planner's plan), and the live reshard evens the
+    # measured load out (~1.0)
     before, after = windows
     assert before["label"] == "before reshard" and after["label"] == "after reshard"
-    assert before["max_over_mean"] > 1.2 and after["max_over_mean"] < before["max_over_mean"] - 0.2, windows
+    assert before["max_over_mean"] > 1.12 and after["max_over_mean"] < before["max_over_mean"] - 0.1, windows
+    assert after["max_over_mean"] < 1.08, windows
     plan_md = (out / "plan.md").read_text()
     assert "| t_C1 |" in plan_md and "## segment 1 (start): 2 ranks, steps 0-24" in plan_md
 
