@@ -67,7 +67,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     """
 
     def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None,
-                 compile_optimizer: bool = False):
+                 compile_optimizer: bool = False, gradient_division: bool = True):
         super().__init__()
         self._tables = ebc.tables
         self._is_weighted = ebc.is_weighted
@@ -82,6 +82,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._rows = {f: t.num_embeddings for t in self._tables for f in t.feature_names}
         rule, hp = resolve_optimizer(optimizer) if optimizer is not None else (None, None)
         self._compile = bool(compile_optimizer)
+        # TorchRec's default: each rank's embedding gradient divided by the world size (the gradient of
+        # the mean of per-rank losses, as DDP averages the dense part)
+        self.gradient_division = bool(gradient_division)
+        self._grad_scale = 1.0 / topo.world_size if gradient_division else 1.0
         self._check_rule(rule, plan)
         weights = shard_source(ebc, self._tables)
         self._dtype = ebc.embedding_bags[self._tables[0].name].weight.dtype
@@ -112,7 +116,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         routing = Routing(spec, topo.world_size, topo.rank if sharder.local_only else None)
         store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
                            sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
-                           dtype=self._dtype)
+                           dtype=self._dtype, grad_scale=self._grad_scale)
         stages = sharder.build(routing, topo, store, self._anchor, self._is_weighted, self._dtype)
         return _Group(st, spec, routing, store, stages, sharder.replicated)
 
@@ -288,11 +292,13 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return missing, unexpected
 
 
-def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology, src_rank=None) -> None:
+def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology, src_rank=None,
+                           gradient_division=True) -> None:
     """Ranks given other tables or another plan would build other routing and exchange garbage in the
     first forward; one all-gather of a digest makes them all raise here instead."""
     mesh = topo.mesh
-    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank))
+    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank,
+                                                                  gradient_division))
     text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
     digest = list(hashlib.sha256(text.encode()).digest()[:16])
     # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
@@ -308,7 +314,8 @@ def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topolo
 
 
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
-          compile_optimizer: bool = False, src_rank: Optional[int] = None) -> ShardedEmbeddingBagCollection:
+          compile_optimizer: bool = False, src_rank: Optional[int] = None,
+          gradient_division: bool = True) -> ShardedEmbeddingBagCollection:
     """Shard ``ebc`` over ``mesh`` (default: all ranks of the default process group) per ``plan``.
 
     Each rank materialises only its own shards: copied out of ``ebc``'s tables when it was built with
@@ -317,6 +324,9 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     seeded init when ``ebc`` was built with ``device="meta"`` (nothing the size of a table is ever
     allocated; the values are the same as an eager build with the same ``init_seed``). ``optimizer`` is
     fused into backward, e.g. ``functools.partial(torch.optim.Adagrad, lr=0.1)``.
+    ``gradient_division=True`` (TorchRec's default) divides every embedding gradient by the world
+    size: training then follows the mean of the per-rank losses, like DDP's dense gradients;
+    ``False`` keeps the sum (the gradient of the summed losses).
     ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step,
     several times faster on big tables; the first step pays a compile of tens of seconds).
 
@@ -332,6 +342,9 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     if src_rank is not None and (not isinstance(src_rank, int) or isinstance(src_rank, bool)
                                  or not 0 <= src_rank < topo.world_size):
         raise ValueError(f"shard(): src_rank={src_rank!r} must be a rank of the mesh (0..{topo.world_size - 1}) or None")
-    _check_same_everywhere(ebc, plan, topo, src_rank)
+    if not isinstance(gradient_division, bool):
+        raise TypeError(f"shard(): gradient_division={gradient_division!r} must be True (divide by the world "
+                        f"size, TorchRec's default) or False (sum)")
+    _check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
     check_or_broadcast(ebc, topo, src_rank)
-    return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer)
+    return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer, gradient_division)

@@ -26,7 +26,8 @@ def test_forward_matches_unsharded(world, hosts):
     (4, 2, [(common.SGD, False), (common.ADAGRAD, True)]),
 ])
 def test_training_matches_dense_optimizer(world, hosts, cases):
-    # 3 steps of fused SGD / Adagrad == torch.optim on the unsharded module, global batch, summed losses
+    # 3 steps of fused SGD / Adagrad == torch.optim on the unsharded module, global batch, mean of the
+    # per-rank losses (gradient division, the default)
     results = run_on_ranks(workers.train_all_plans, world, hosts, PLANS, cases, timeout=300.0,
                            chunk_elements=16 if world == 3 else None)
     for rank, errors in enumerate(results):
@@ -85,3 +86,44 @@ def test_bad_batch_on_one_rank_raises_on_every_rank():
     assert "rank(s) [1]" in msgs0[0] and "features ['nope'] are not looked up" in msgs0[0]
     assert "rank(s) [0]" in msgs0[1] and "id 7 of feature 'fb' is outside its table's rows [0, 7)" in msgs0[1]
     assert err0 < 1e-6 and err1 < 1e-6
+
+
+def division_switch(rank, world):
+    """SGD on every plan type: the default divides by the world size (the mean of per-rank losses),
+    gradient_division=False sums (the summed losses); each against its own dense reference."""
+    import torch
+
+    from shardwise.embedding import shard
+
+    mesh = workers.mesh_for(world, 1)
+    ebc = common.make_ebc(seed=4)
+    out = {}
+    for divided in (True, False):
+        want = common.reference_train(ebc, common.SGD, world, 2, False, divided=divided)
+        sharded = shard(ebc, common.plans(world, 1)["mixed"], mesh=mesh, optimizer=common.SGD,
+                        gradient_division=divided)
+        for step in range(2):
+            batches = common.rank_batches(world, step, False)
+            tgts = common.targets(world, step, [b.stride() for b in batches],
+                                  sum(d * len(f) for _, _, d, f, _ in common.TABLES))
+            common.loss_fn(sharded(batches[rank]), tgts[rank]).backward()
+        sd = sharded.state_dict()
+        out[divided] = max((sd[f"embedding_bags.{t}.weight"].full_tensor() - w).abs().max().item()
+                           for t, w in want.items())
+    other = common.reference_train(ebc, common.SGD, world, 2, False, divided=False)
+    gap = max((other[t] - w).abs().max().item() for t, w in common.reference_train(
+        ebc, common.SGD, world, 2, False).items())
+    try:
+        shard(ebc, common.plans(world, 1)["mixed"], mesh=mesh, gradient_division="yes")
+        bad = None
+    except TypeError as exc:
+        bad = str(exc)
+    return out, gap, bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gradient_division_is_the_default_and_can_be_switched_off(world):
+    for out, gap, bad in run_on_ranks(division_switch, world, timeout=120.0):
+        assert out[True] < 1e-6 and out[False] < 1e-6, out
+        assert gap > 1e-4          # the two references differ, so each comparison can fail
+        assert bad is not None and "gradient_division='yes'" in bad

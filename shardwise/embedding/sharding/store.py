@@ -36,13 +36,15 @@ class ShardStore:
 
     ``full_weights``: ``{table: whole weight}`` to copy each box from, or ``fill(box, out)`` writing a
     box's values into ``out`` (tables built on the meta device: nothing bigger than a box exists).
-    ``sync_group`` (data-parallel replicas) sums gradients over ranks before the update.
+    ``sync_group`` (data-parallel replicas) sums gradients over ranks before the update;
+    ``grad_scale`` multiplies every gradient before the update (1 / world size: gradient division).
     ``full_weights=None`` (with ``dtype``) leaves weights and state uninitialised: a reshard fills
     every element itself, so a fill pass would only cost memory bandwidth.
     """
 
     def __init__(self, boxes: Sequence[ShardBox], rank: int, full_weights: Optional[dict], device, rule=None,
-                 hp: Optional[dict] = None, sync_group=None, compiled: bool = False, dtype=None):
+                 hp: Optional[dict] = None, sync_group=None, compiled: bool = False, dtype=None,
+                 grad_scale: float = 1.0):
         self.boxes = list(boxes)
         self.widths, self.loc = local_layout(self.boxes, rank)
         rows = [0] * len(self.widths)
@@ -61,6 +63,7 @@ class ShardStore:
                     dst.copy_(full_weights[b.table][b.row_offset:b.row_offset + b.row_size,
                                                     b.col_offset:b.col_offset + b.col_size])
         self.rule, self.hp, self.sync_group = rule, hp or {}, sync_group
+        self.grad_scale = float(grad_scale)
         # torch.compile fuses the gather/update/scatter passes into one loop (several times faster
         # on CPU) at a one-off compile cost; the kernel is the same math as the eager update.
         self.kernel = torch.compile(rule.kernel, dynamic=True) if (compiled and rule is not None) else None
@@ -91,6 +94,8 @@ class ShardStore:
             return
         if self.sync_group is not None:
             rows, grad_rows = self._summed_over_ranks(w, rows, grad_rows)
+        if self.grad_scale != 1.0:     # gradient division: the gradient of the mean of per-rank losses
+            grad_rows = grad_rows * self.grad_scale
         self.steps[w] += 1
         state = self.states[w]
         if self.kernel is not None:
