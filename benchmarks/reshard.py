@@ -104,7 +104,7 @@ def run_ours(rank, world, args, move):
     from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, reshard, shard
 
     torch.manual_seed(0)
-    cfgs = [EmbeddingBagConfig(f"t{i}", args.rows, args.dim, [f"f{i}"]) for i in range(args.tables)]
+    cfgs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=args.rows, embedding_dim=args.dim, feature_names=[f"f{i}"]) for i in range(args.tables)]
     a, b = (_ours_plan(p) for p in plans(move, args.tables))
     mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
     changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]

@@ -47,7 +47,7 @@ def run(rank, world, args):
     from shardwise.sparse import KeyedJaggedTensor
 
     sizes = table_sizes(int(args.total_gb * GiB), args.dim)
-    cfgs = [EmbeddingBagConfig(f"t{i}", n, args.dim, [f"f{i}"]) for i, n in enumerate(sizes)]
+    cfgs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=n, embedding_dim=args.dim, feature_names=[f"f{i}"]) for i, n in enumerate(sizes)]
     t0 = time.perf_counter()
     ebc = EmbeddingBagCollection(cfgs, device="meta")
     build = time.perf_counter() - t0

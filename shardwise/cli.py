@@ -103,7 +103,7 @@ def _cmd_plan(ns) -> int:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(ns, name)} must be >= 1")
     if not ns.memory_mb > 0:   # also catches nan
         raise ValueError(f"--memory-mb={ns.memory_mb} must be > 0 (MiB of embedding memory per rank)")
-    tables = [EmbeddingBagConfig(f"t{i}", ns.rows, ns.dim, [f"f{i}"]) for i in range(ns.tables)]
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=ns.rows, embedding_dim=ns.dim, feature_names=[f"f{i}"]) for i in range(ns.tables)]
     planner = EmbeddingShardingPlanner(ns.world, int(ns.memory_mb * 2**20), batch_size_per_rank=ns.batch_size,
                                        ids_per_bag=1.0, ranks_per_host=ns.ranks_per_host)
     plan = planner.plan(tables)

@@ -2,12 +2,12 @@
 
 Example:
     >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingBagCollection, shard, row_wise
-    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 1000, 16, ["f"])])
+    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(1000, 16, "t", feature_names=["f"])])
     >>> sharded = shard(ebc, {"t": row_wise()},
     ...                 optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))   # doctest: +SKIP
 """
 
-from .collection import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+from .collection import DataType, EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from .optim import FusedOptimizer, RowWiseAdagrad
 from .plan import (
     EmbeddingShardingPlanner,
@@ -27,7 +27,7 @@ from .sharded_collection import ShardedEmbeddingBagCollection, shard
 from .sharded_table import ShardedTable
 
 __all__ = [
-    "EmbeddingBagConfig", "PoolingType", "EmbeddingBagCollection",
+    "EmbeddingBagConfig", "PoolingType", "DataType", "EmbeddingBagCollection",
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",

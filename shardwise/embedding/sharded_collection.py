@@ -19,6 +19,7 @@ from .optim.rules import resolve_optimizer
 from .plan.values import ParameterSharding, ShardBox, ShardingType
 from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
+from .optim.rules import STATE_DTYPE
 from .sharding.store import ShardStore
 from .sharding import SHARDERS, Stages
 from .shard_source import check_or_broadcast, shard_source
@@ -254,7 +255,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
                         local[b] = g.store.box_view(g.routing.boxes.index(b), what)
                     else:
                         shape = (b.row_size,) if per_row else (b.row_size, b.col_size)  # one is 0
-                        local[b] = torch.zeros(shape, dtype=self._dtype, device=self._topo.device)
+                        dtype = self._dtype if what is None else STATE_DTYPE
+                        local[b] = torch.zeros(shape, dtype=dtype, device=self._topo.device)
                 out.append((t, boxes, local, g.replicated, g))
         order = {t.name: i for i, t in enumerate(self._tables)}
         return sorted(out, key=lambda x: order[x[0].name])

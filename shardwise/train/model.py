@@ -69,7 +69,7 @@ def make_tables(cardinalities: Sequence[int], dim: int) -> list[EmbeddingBagConf
         >>> make_tables([10] * 26, 8)[0]
         EmbeddingBagConfig(name='t_C1', num_embeddings=10, embedding_dim=8, feature_names=('C1',), pooling='sum')
     """
-    return [EmbeddingBagConfig(f"t_{f}", int(c), dim, [f]) for f, c in zip(SPARSE_NAMES, cardinalities)]
+    return [EmbeddingBagConfig(name=f"t_{f}", num_embeddings=int(c), embedding_dim=dim, feature_names=[f]) for f, c in zip(SPARSE_NAMES, cardinalities)]
 
 
 def make_ebc(cardinalities: Sequence[int], dim: int, seed: int) -> EmbeddingBagCollection:

@@ -24,7 +24,7 @@ TABLES = [
 
 
 def make_ebc(seed: int = 0, weighted: bool = False, device=None) -> EmbeddingBagCollection:
-    cfgs = [EmbeddingBagConfig(n, v, d, list(f), pooling=p) for n, v, d, f, p in TABLES]
+    cfgs = [EmbeddingBagConfig(name=n, num_embeddings=v, embedding_dim=d, feature_names=list(f), pooling=p) for n, v, d, f, p in TABLES]
     return EmbeddingBagCollection(cfgs, is_weighted=weighted, init_seed=seed, device=device)
 
 

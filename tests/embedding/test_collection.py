@@ -56,13 +56,13 @@ def test_collection_errors():
         ebc(KeyedJaggedTensor(["nope"], torch.tensor([1]), lengths=torch.tensor([1]), weights=torch.ones(1)))
     with pytest.raises(ValueError, match="has no weights"):
         ebc(KeyedJaggedTensor(["fa1"], torch.tensor([1]), lengths=torch.tensor([1])))
-    a = EmbeddingBagConfig("a", 4, 2, ["f"])
+    a = EmbeddingBagConfig(name="a", num_embeddings=4, embedding_dim=2, feature_names=["f"])
     with pytest.raises(ValueError, match="feature 'f' is used by tables 'a' and 'b'"):
-        EmbeddingBagCollection([a, EmbeddingBagConfig("b", 4, 2, ["f"])])
+        EmbeddingBagCollection([a, EmbeddingBagConfig(name="b", num_embeddings=4, embedding_dim=2, feature_names=["f"])])
     with pytest.raises(ValueError, match="pooling='max' is not supported"):
-        EmbeddingBagConfig("c", 4, 2, ["g"], pooling="max")
+        EmbeddingBagConfig(name="c", num_embeddings=4, embedding_dim=2, feature_names=["g"], pooling="max")
     with pytest.raises(ValueError, match="num_embeddings=0 must be a positive int"):
-        EmbeddingBagConfig("c", 0, 2, ["g"])
+        EmbeddingBagConfig(name="c", num_embeddings=0, embedding_dim=2, feature_names=["g"])
 
 
 def test_plan_helper_errors():
@@ -125,7 +125,7 @@ def _odd_ebc():
     from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig
 
     torch.manual_seed(5)
-    return EmbeddingBagCollection([EmbeddingBagConfig(n, 7 + i, 4, [f"f_{n}"]) for i, n in enumerate(ODD_NAMES)])
+    return EmbeddingBagCollection([EmbeddingBagConfig(name=n, num_embeddings=7 + i, embedding_dim=4, feature_names=[f"f_{n}"]) for i, n in enumerate(ODD_NAMES)])
 
 
 def _odd_batch(seed):
@@ -173,3 +173,21 @@ def test_table_names_that_are_module_attributes_shard():
 
     for err, same, keys in run_on_ranks(odd_names_sharded, 2, timeout=120.0):
         assert err < 1e-6 and same and keys
+
+
+def test_config_takes_torchrecs_field_order_and_data_type():
+    from shardwise.embedding import DataType
+
+    c = EmbeddingBagConfig(100, 8, "t", DataType.FP16, ["f"], 0.5, 0.25)
+    assert (c.num_embeddings, c.embedding_dim, c.name, c.feature_names) == (100, 8, "t", ("f",))
+    assert c.data_type is DataType.FP16 and (c.weight_init_max, c.weight_init_min) == (0.5, 0.25)
+    assert EmbeddingBagConfig(10, 4, "u", "bf16", ["g"]).data_type is DataType.BF16
+    ebc = EmbeddingBagCollection([c, EmbeddingBagConfig(10, 4, "u", feature_names=["g"])])
+    assert ebc.embedding_bags["t"].weight.dtype == torch.float16
+    assert ebc.embedding_bags["u"].weight.dtype == torch.float32
+    w = ebc.embedding_bags["t"].weight
+    assert w.min() >= 0.25 and w.max() <= 0.5
+    with pytest.raises(ValueError, match="data_type='int8' is not supported"):
+        EmbeddingBagConfig(10, 4, "t", "int8", ["f"])
+    with pytest.raises(ValueError, match="need_pos"):
+        EmbeddingBagConfig(10, 4, "t", feature_names=["f"], need_pos=True)

@@ -20,7 +20,7 @@ from .workers import mesh_for
 
 
 def test_init_is_a_pure_function_of_seed_table_and_row():
-    t = EmbeddingBagConfig("t", 3 * ROWS_PER_BLOCK + 5, 6, ["f"])
+    t = EmbeddingBagConfig(name="t", num_embeddings=3 * ROWS_PER_BLOCK + 5, embedding_dim=6, feature_names=["f"])
     whole = init_rows(t, 7, 0, t.num_embeddings, 0, 6)
     bound = math.sqrt(1 / t.num_embeddings)
     assert whole.abs().max() <= bound and whole.std() > bound / 3   # TorchRec's default bound, used
@@ -28,9 +28,9 @@ def test_init_is_a_pure_function_of_seed_table_and_row():
                                                                                             t.num_embeddings, 5, 6)]:
         assert torch.equal(init_rows(t, 7, r0, r1, c0, c1), whole[r0:r1, c0:c1])
     assert not torch.equal(init_rows(t, 8, 0, 10, 0, 6), whole[:10])           # the seed matters
-    other = EmbeddingBagConfig("u", t.num_embeddings, 6, ["g"])
+    other = EmbeddingBagConfig(name="u", num_embeddings=t.num_embeddings, embedding_dim=6, feature_names=["g"])
     assert not torch.equal(init_rows(other, 7, 0, 10, 0, 6), whole[:10])       # so does the table name
-    ranged = EmbeddingBagConfig("r", 100, 4, ["h"], weight_init_min=0.5, weight_init_max=0.75)
+    ranged = EmbeddingBagConfig(name="r", num_embeddings=100, embedding_dim=4, feature_names=["h"], weight_init_min=0.5, weight_init_max=0.75)
     vals = init_rows(ranged, 0, 0, 100, 0, 4)
     assert vals.min() >= 0.5 and vals.max() <= 0.75
     ebc = EmbeddingBagCollection([t, ranged], init_seed=7)
@@ -41,13 +41,13 @@ def test_init_is_a_pure_function_of_seed_table_and_row():
 
 def test_bad_init_settings_are_refused():
     with pytest.raises(ValueError, match="give both"):
-        EmbeddingBagConfig("t", 10, 4, ["f"], weight_init_min=0.1)
+        EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"], weight_init_min=0.1)
     with pytest.raises(ValueError, match="min <= max"):
-        EmbeddingBagConfig("t", 10, 4, ["f"], weight_init_min=0.2, weight_init_max=0.1)
+        EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"], weight_init_min=0.2, weight_init_max=0.1)
     with pytest.raises(TypeError, match="init_fn"):
-        EmbeddingBagConfig("t", 10, 4, ["f"], init_fn=3)
+        EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"], init_fn=3)
     with pytest.raises(TypeError, match="init_seed"):
-        EmbeddingBagCollection([EmbeddingBagConfig("t", 10, 4, ["f"])], init_seed="x")
+        EmbeddingBagCollection([EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"])], init_seed="x")
 
 
 def meta_under_plans(rank, world, plan_names):
@@ -80,7 +80,7 @@ def init_fn_per_shard(rank, world):
     def scale(t):
         calls.append(tuple(t.shape))
         t.mul_(2.0)
-    cfgs = [EmbeddingBagConfig("t", 10, 4, ["f"], init_fn=scale)]
+    cfgs = [EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"], init_fn=scale)]
     sharded = shard(EmbeddingBagCollection(cfgs, device="meta", init_seed=3), {"t": common.row_wise()},
                     mesh=mesh_for(world, 1))
     want = 2.0 * init_rows(cfgs[0], 3, 0, 10, 0, 4)
@@ -153,7 +153,7 @@ def _peak_kib() -> int:
 def meta_memory(rank, world, rows):
     import gc
     gc.collect()
-    cfgs = [EmbeddingBagConfig(f"big{i}", rows, 64, [f"f{i}"]) for i in range(4)]
+    cfgs = [EmbeddingBagConfig(name=f"big{i}", num_embeddings=rows, embedding_dim=64, feature_names=[f"f{i}"]) for i in range(4)]
     _peak_reset()
     base = _peak_kib()
     plan = {"big0": common.table_wise(0), "big1": common.table_wise(1), "big2": common.row_wise(),

@@ -6,7 +6,7 @@ from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner, da
 from shardwise.train.replan import describe, keep_plan
 from shardwise.train.story import add_window, new_story, open_segment, run_counts
 
-_TABLES = [EmbeddingBagConfig(f"t{i}", 1000 * (i + 1), 8, [f"f{i}"]) for i in range(5)]
+_TABLES = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=8, feature_names=[f"f{i}"]) for i in range(5)]
 
 
 def _planner(world, mb=64.0):

@@ -28,7 +28,7 @@ def _held_bytes(sharded, world):
 def _skewed_run(rank, world, max_bytes_per_rank, budget=None):
     """Two row-wise 64-row tables whose ids all hit rows 0..7 (rank 0's block): rank 1 serves nothing."""
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection([EmbeddingBagConfig("a", 64, 4, ["fa"]), EmbeddingBagConfig("b", 64, 4, ["fb"])])
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="a", num_embeddings=64, embedding_dim=4, feature_names=["fa"]), EmbeddingBagConfig(name="b", num_embeddings=64, embedding_dim=4, feature_names=["fb"])])
     plan = {"a": row_wise(), "b": row_wise()}
     sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))
     ids = torch.tensor([rank, 1, 2, 3, 4 + rank, 5, 6, 7])
@@ -85,7 +85,7 @@ def test_the_rebalance_respects_a_memory_budget_per_rank():
 def _four_tables_run(rank, world, budgets):
     """Four table-wise tables on rank 0, each asked for equally often; rank 1 may hold only ``budgets[1]``."""
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection([EmbeddingBagConfig(n, rows, 4, [f"f{n}"])
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name=n, num_embeddings=rows, embedding_dim=4, feature_names=[f"f{n}"])
                                   for n, rows in (("a", 128), ("b", 64), ("c", 64), ("d", 64))])
     plan = {n: table_wise(0) for n in "abcd"}
     sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))

@@ -88,7 +88,7 @@ class EmbeddingBagCollection(nn.Module):
     given order, then each table's ``feature_names``); a feature absent from the batch pools to zeros.
 
     Example:
-        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 100, 8, ["f"])])
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(100, 8, "t", feature_names=["f"])])
         >>> kt = ebc(KeyedJaggedTensor(["f"], torch.tensor([1, 2]), lengths=torch.tensor([2])))
         >>> kt.values().shape
         torch.Size([1, 8])
@@ -105,7 +105,8 @@ class EmbeddingBagCollection(nn.Module):
         bags = {}
         for t in self._tables:
             bag = nn.EmbeddingBag(t.num_embeddings, t.embedding_dim, mode="sum", device=device,
-                                  _weight=torch.empty(t.num_embeddings, t.embedding_dim, device=device))
+                                  _weight=torch.empty(t.num_embeddings, t.embedding_dim, device=device,
+                                                     dtype=t.data_type.torch_dtype))
             if bag.weight.device.type != "meta":   # meta: no storage; shard() fills each rank's shards
                 fill_rows(bag.weight.data, t, init_seed, 0, 0)
                 if t.init_fn is not None:

@@ -10,7 +10,7 @@ range can be produced without drawing the rows before it, in bounded memory. Val
 
 Example:
     >>> from shardwise.embedding.collection.config import EmbeddingBagConfig
-    >>> t = EmbeddingBagConfig("t", 10, 4, ["f"])
+    >>> t = EmbeddingBagConfig(10, 4, "t", feature_names=["f"])
     >>> whole = init_rows(t, 0, 0, 10, 0, 4)
     >>> bool(torch.equal(whole[3:7, 1:3], init_rows(t, 0, 3, 7, 1, 3)))
     True

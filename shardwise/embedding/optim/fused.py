@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .rules import STATE_DTYPE
 from ..state_dict import copy_into_shards, wrap_shards
 
 __all__ = ["FusedOptimizer"]
@@ -43,7 +44,7 @@ class FusedOptimizer:
         if self.rule is None:
             return {"state": {}, "param_groups": []}
         step = self._step()
-        topo, dtype = self._module._topo, self._module._dtype
+        topo, dtype = self._module._topo, STATE_DTYPE
         state: dict = {}
         for key, name, boxes, local, size, replicated in self._entries():
             entry = state.setdefault(key, {"step": torch.tensor(float(step))})

@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+STATE_DTYPE = torch.float32    # optimizer state and the update's arithmetic, whatever the weights' dtype
+
 __all__ = ["RowWiseAdagrad", "FusedRule", "resolve_optimizer"]
 
 
@@ -93,13 +95,13 @@ def row_wise_adagrad_update(weight, state, rows, grad, hp):
 # (Adam's bias correction) does not recompile. Inductor fuses gather, math and scatter into one loop.
 
 def sgd_kernel(weight, rows, grad, c):
-    weight.index_add_(0, rows, grad * -c[0])
+    weight.index_add_(0, rows, (grad * -c[0]).to(weight.dtype))
 
 
 def adagrad_kernel(weight, acc_state, rows, grad, c):
     acc = acc_state.index_select(0, rows) + grad * grad
     acc_state.index_copy_(0, rows, acc)
-    weight.index_add_(0, rows, grad / (acc.sqrt() + c[1]) * -c[0])
+    weight.index_add_(0, rows, (grad / (acc.sqrt() + c[1]) * -c[0]).to(weight.dtype))
 
 
 def adam_kernel(weight, m_state, v_state, rows, grad, c):
@@ -107,13 +109,13 @@ def adam_kernel(weight, m_state, v_state, rows, grad, c):
     v = v_state.index_select(0, rows) * c[1] + grad * grad * (1 - c[1])
     m_state.index_copy_(0, rows, m)
     v_state.index_copy_(0, rows, v)
-    weight.index_add_(0, rows, m / (v.sqrt() / c[3] + c[4]) * -c[2])
+    weight.index_add_(0, rows, (m / (v.sqrt() / c[3] + c[4]) * -c[2]).to(weight.dtype))
 
 
 def row_wise_adagrad_kernel(weight, acc_state, rows, grad, c):
     acc = acc_state.index_select(0, rows) + (grad * grad).mean(dim=1)
     acc_state.index_copy_(0, rows, acc)
-    weight.index_add_(0, rows, grad / (acc.sqrt() + c[1]).unsqueeze(1) * -c[0])
+    weight.index_add_(0, rows, (grad / (acc.sqrt() + c[1]).unsqueeze(1) * -c[0]).to(weight.dtype))
 
 
 def _adagrad_coeffs(hp, step):

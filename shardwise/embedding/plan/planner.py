@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..collection.config import EmbeddingBagConfig, check_tables
-from ..sharding import SHARDERS, LayoutTopology
 from .values import (
-    ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
+    LayoutTopology, ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
 )
 
 __all__ = ["EmbeddingShardingPlanner", "PlanEstimate"]
@@ -114,6 +113,8 @@ class EmbeddingShardingPlanner:
         for r in ps.ranks or ():
             if isinstance(r, int) and r >= self.world:
                 raise ValueError(f"table {t.name!r}: rank {r} is outside world_size {self.world}")
+        from ..sharding import SHARDERS   # the sharding classes import this package's values
+
         return SHARDERS[ps.sharding_type].layout(t, ps, self.topo)
 
     def _shard_cost(self, t: EmbeddingBagConfig, ps: ParameterSharding, box: ShardBox) -> float:

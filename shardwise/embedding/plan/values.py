@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 __all__ = [
-    "ShardingType", "ParameterSharding", "ShardBox",
+    "ShardingType", "ParameterSharding", "ShardBox", "LayoutTopology",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
 ]
 
@@ -44,6 +44,19 @@ class ShardBox:
     row_size: int
     col_offset: int
     col_size: int
+
+
+@dataclass(frozen=True)
+class LayoutTopology:
+    """The part of a topology that layouts read (no process group): enough to plan, estimate or
+    propose without processes. ``hosts``: the ranks of each host."""
+
+    world_size: int
+    hosts: tuple
+
+    @staticmethod
+    def flat(world_size: int) -> "LayoutTopology":
+        return LayoutTopology(world_size, (tuple(range(world_size)),))
 
 
 def _check_ranks(ranks, what: str) -> tuple:

@@ -26,7 +26,7 @@ from ..plan.values import ParameterSharding, ShardingType
 from ..sharding import SHARDERS
 from ..sharding.comm import all_gather_ints
 from .executor import CHUNK_BYTES, exchange, local_index
-from .pieces import Piece, piece_numel, plan_pieces, state_kinds
+from .pieces import Piece, itemsize, piece_numel, plan_pieces, state_kinds
 
 __all__ = ["ReshardStats", "reshard", "current_plan", "changes_digest"]
 
@@ -178,7 +178,6 @@ def _memory_check(module, plan: dict, new_boxes: dict, limit: Optional[int]) -> 
     if limit is None:
         return
     kinds = state_kinds(module.fused_optimizer.rule)
-    item = torch.empty(0, dtype=module._dtype).element_size()
     per_rank = [0] * module._topo.world_size
     old = {b.table: [] for b in module.boxes()}
     for b in module.boxes():
@@ -186,7 +185,8 @@ def _memory_check(module, plan: dict, new_boxes: dict, limit: Optional[int]) -> 
     old.update(new_boxes)
     for boxes in old.values():
         for b in boxes:
-            per_rank[b.rank] += item * sum(b.row_size * (b.col_size if k == "elem" else 1) for _, k in kinds)
+            per_rank[b.rank] += sum(itemsize(w, module._dtype) * b.row_size * (b.col_size if k == "elem" else 1)
+                                    for w, k in kinds)
     over = [r for r, n in enumerate(per_rank) if n > limit]
     if over:
         raise ValueError(f"reshard: the new layout needs {[per_rank[r] for r in over]} bytes on ranks {over}, "
@@ -216,9 +216,8 @@ def _kept_pieces(groups: list, moved: set, me: int) -> list:
 
 
 def _count_bytes(stats: ReshardStats, pieces: list, kinds: list, dtype, me: int) -> None:
-    item = torch.empty(0, dtype=dtype).element_size()
     for p in pieces:
-        n = sum(piece_numel(p, k) for _, k in kinds) * item
+        n = sum(piece_numel(p, k) * itemsize(w, dtype) for w, k in kinds)
         if p.src != p.dst:
             stats.bytes_sent[p.src] += n
             stats.bytes_received[p.dst] += n

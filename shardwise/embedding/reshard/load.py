@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ...sparse import KeyedJaggedTensor
 from ..plan.values import ParameterSharding, ShardingType
-from .pieces import state_kinds
+from .pieces import itemsize, state_kinds
 
 __all__ = ["LookupCounter", "TableLoad", "LoadStats", "load_stats", "BUCKETS"]
 
@@ -163,14 +163,13 @@ def load_stats(module, reset: bool = False) -> LoadStats:
     flat = flat[:-1].double() / steps
     plan, boxes = module.sharding_plan(), module.boxes()
     kinds = state_kinds(module.fused_optimizer.rule)
-    item = torch.empty(0, dtype=module._dtype).element_size()
     tables, start = [], 0
     per_rank_all = flat[sum(counter.buckets):].view(len(module._tables), world)
     for i, t in enumerate(module._tables):
         n = counter.buckets[i]
         hist = tuple(flat[start:start + n].tolist())
         start += n
-        bpe = item * sum(1.0 if k == "elem" else 1.0 / t.embedding_dim for _, k in kinds)
+        bpe = sum(itemsize(w, module._dtype) * (1.0 if k == "elem" else 1.0 / t.embedding_dim) for w, k in kinds)
         tables.append(TableLoad(t.name, t.num_embeddings, t.embedding_dim, bpe, plan[t.name],
                                 tuple(b for b in boxes if b.table == t.name), hist,
                                 tuple(per_rank_all[i].tolist()), any(k == "row" for _, k in kinds)))

@@ -20,7 +20,7 @@ import torch
 
 from ..plan.values import ShardBox
 
-__all__ = ["Piece", "plan_pieces", "piece_numel", "cut", "state_kinds"]
+__all__ = ["Piece", "plan_pieces", "piece_numel", "cut", "state_kinds", "itemsize"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,12 @@ class Piece:
 def state_kinds(rule) -> list:
     """(state name or None for the weight, 'elem' | 'row') in a fixed order shared by all ranks."""
     return [(None, "elem")] + ([(n, k) for n, k in rule.state_shapes.items()] if rule is not None else [])
+
+
+def itemsize(what, weight_dtype) -> int:
+    """Bytes per element of the weights (``what=None``, the table's dtype) or of a state tensor (fp32)."""
+    from ..optim.rules import STATE_DTYPE
+    return torch.empty(0, dtype=weight_dtype if what is None else STATE_DTYPE).element_size()
 
 
 def plan_pieces(tables: list, old: dict, new: dict, replicated: set) -> list:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..plan.values import ShardBox, chunk_sizes
+from ..plan.values import LayoutTopology, ShardBox, chunk_sizes  # noqa: F401  (LayoutTopology re-exported)
 
 __all__ = ["Sharder", "Stages", "LayoutTopology", "check_rank", "row_blocks"]
 
@@ -15,19 +15,6 @@ class Stages:
     input_dist: Callable
     lookup: Callable
     output_dist: Callable
-
-
-@dataclass(frozen=True)
-class LayoutTopology:
-    """The part of a topology that layouts read (no process group): enough to plan, estimate or
-    propose without processes. ``hosts``: the ranks of each host."""
-
-    world_size: int
-    hosts: tuple
-
-    @staticmethod
-    def flat(world_size: int) -> "LayoutTopology":
-        return LayoutTopology(world_size, (tuple(range(world_size)),))
 
 
 @dataclass(frozen=True)

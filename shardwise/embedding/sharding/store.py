@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..optim.rules import STATE_DTYPE
 from ..plan.values import ShardBox
 
 __all__ = ["local_layout", "ShardStore", "FusedLookup"]
@@ -77,8 +78,8 @@ class ShardStore:
         out = {}
         for name, kind in self.rule.state_shapes.items():
             shape = tuple(buf.shape if kind == "elem" else buf.shape[:1])
-            out[name] = torch.full(shape, float(fills[name]), dtype=buf.dtype, device=buf.device) if fill \
-                else torch.empty(shape, dtype=buf.dtype, device=buf.device)
+            out[name] = torch.full(shape, float(fills[name]), dtype=STATE_DTYPE, device=buf.device) if fill \
+                else torch.empty(shape, dtype=STATE_DTYPE, device=buf.device)
         return out
 
     def box_view(self, i: int, what: Optional[str] = None) -> torch.Tensor:
@@ -92,6 +93,7 @@ class ShardStore:
         """Sparse optimizer step on buffer ``w``: ``rows`` unique, ``grad_rows`` their summed gradients."""
         if self.rule is None:
             return
+        grad_rows = grad_rows.to(STATE_DTYPE)   # fp16/bf16 tables: the update runs in fp32, like the state
         if self.sync_group is not None:
             rows, grad_rows = self._summed_over_ranks(w, rows, grad_rows)
         if self.grad_scale != 1.0:     # gradient division: the gradient of the mean of per-rank losses

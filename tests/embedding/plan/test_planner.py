@@ -11,7 +11,7 @@ from .. import workers
 
 
 def _tables(n=4, rows=1000, dim=16):
-    return [EmbeddingBagConfig(f"t{i}", rows, dim, [f"f{i}"]) for i in range(n)]
+    return [EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=dim, feature_names=[f"f{i}"]) for i in range(n)]
 
 
 def test_equal_tables_are_balanced_over_ranks():
@@ -76,7 +76,7 @@ def test_plan_takes_a_collection_or_its_configs():
 def _dlrm_v2_like():
     # 26 tables from 100 to 40M rows x 128 (the size class of MLPerf's DLRM-v2), log-spread
     sizes = [round(100 * (40_000_000 / 100) ** (i / 25)) for i in range(26)]
-    return [EmbeddingBagConfig(f"t{i}", n, 128, [f"f{i}"]) for i, n in enumerate(sizes)]
+    return [EmbeddingBagConfig(name=f"t{i}", num_embeddings=n, embedding_dim=128, feature_names=[f"f{i}"]) for i, n in enumerate(sizes)]
 
 
 @pytest.mark.parametrize("world", [8, 64, 128])
