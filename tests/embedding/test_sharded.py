@@ -91,8 +91,6 @@ def test_bad_batch_on_one_rank_raises_on_every_rank():
 def division_switch(rank, world):
     """SGD on every plan type: the default divides by the world size (the mean of per-rank losses),
     gradient_division=False sums (the summed losses); each against its own dense reference."""
-    import torch
-
     from shardwise.embedding import shard
 
     mesh = workers.mesh_for(world, 1)

@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-import torch
 
 from ..plan.values import ParameterSharding, ShardingType
 from ..sharding import SHARDERS
