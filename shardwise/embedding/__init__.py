@@ -23,6 +23,7 @@ from .plan import (
     table_wise,
 )
 from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
+from .model_parallel import DistributedModelParallel
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
 from .sharded_table import ShardedTable
 
@@ -31,5 +32,5 @@ __all__ = [
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
-    "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats",
+    "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats", "DistributedModelParallel",
 ]
