@@ -3,7 +3,7 @@
 import pytest
 
 from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner, data_parallel, row_wise, table_wise
-from shardwise.train.replan import describe, keep_plan
+from shardwise.train.replan import describe, keep_plan, placements
 from shardwise.train.story import add_window, new_story, open_segment, run_counts
 
 _TABLES = [EmbeddingBagConfig(f"t{i}", 1000 * (i + 1), 8, [f"f{i}"]) for i in range(5)]
@@ -33,6 +33,7 @@ def test_growing_keeps_every_table_where_it_was():
     est = _planner(3).estimate(plan, _TABLES)
     assert [(b.rank, b.row_size) for b, _, _ in est.shards["t2"]] == [(0, 1500), (1, 1500)]
     assert est.memory[2] == est.shards["t3"][2][1]   # the new rank holds only the replicated table
+    assert placements(plan, 3) == placements(saved, 2)   # the report shows it as the same plan
 
 
 def test_a_kept_layout_over_the_memory_budget_is_planned_afresh():
