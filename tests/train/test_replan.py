@@ -90,3 +90,20 @@ def test_bad_reshard_settings_name_the_value_and_the_fix(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         TrainConfig(**kwargs)
+
+
+def test_resume_refuses_a_checkpoint_without_a_run_story(tmp_path):
+    import json
+
+    from shardwise.train.checkpoint import MARKER, resume_point
+    from shardwise.train.config import TrainConfig
+
+    cfg = TrainConfig(out=str(tmp_path), resume=True)
+    old = tmp_path / "checkpoints" / "step_00000010"
+    old.mkdir(parents=True)
+    (old / MARKER).write_text("10\n")
+    (old / "meta.json").write_text(json.dumps({"step": 10, "config": cfg.to_json()}))
+    with pytest.raises(ValueError, match="written by an older shardwise .* start a new run in another --out"):
+        resume_point(cfg)
+    (old / "meta.json").write_text(json.dumps({"step": 10, "config": cfg.to_json(), "story": {}}))
+    assert resume_point(cfg) == old
