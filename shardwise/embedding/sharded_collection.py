@@ -329,8 +329,9 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     ``gradient_division=True`` (TorchRec's default) divides every embedding gradient by the world
     size: training then follows the mean of the per-rank losses, like DDP's dense gradients;
     ``False`` keeps the sum (the gradient of the summed losses).
-    ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step,
-    several times faster on big tables; the first step pays a compile of tens of seconds).
+    ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step); it is
+    opt-in because it is not a clear win over the default eager update in our benchmarks (see
+    docs/embedding.md), and the first step pays a compile of tens of seconds.
 
     Example:
         >>> sharded = shard(ebc, {"t0": table_wise(0), "t1": row_wise()},

@@ -142,6 +142,10 @@ class Trainer:
         self.dense.load(state["dense"])
         self.step, self.cursor, self.history = meta["step"], meta["cursor"], meta["history"]
         self.story, self.reshard_state = meta["story"], meta["reshard_state"]
+        if self.reshard_state == "done" and meta["world"] != self.world:
+            # the kept plan leaves new ranks with only replicated tables (or packs a lost rank's tables
+            # by estimate): measure again on these processes and rebalance once more
+            self.reshard_state = "pending"
         w = meta.get("open_window")
         if w:
             add_window(self.story, w["label"] + " (up to the checkpoint)", w["first"], meta["step"], w["per_rank"])

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..embedding import ParameterSharding, ShardingType, data_parallel, row_wise, table_wise
 
-__all__ = ["keep_plan", "describe"]
+__all__ = ["keep_plan", "describe", "placements"]
 
 
 def describe(ps: ParameterSharding) -> str:
@@ -31,6 +31,12 @@ def _pinned(ps: ParameterSharding, saved_world: int) -> ParameterSharding:
     if ps.sharding_type in (ShardingType.ROW_WISE, ShardingType.COLUMN_WISE) and ps.ranks is None:
         return ParameterSharding(ps.sharding_type, tuple(range(saved_world)), ps.host_index)
     return ps
+
+
+def placements(plan: dict, world: int) -> dict:
+    """``{table: text}`` of where each table lives on ``world`` ranks; equal for two plans that keep every
+    table in place (replicated tables count as in place on any number of ranks)."""
+    return {t: describe(_pinned(ps, world)) for t, ps in plan.items()}
 
 
 def _missing_ranks(ps: ParameterSharding, world: int) -> list:

@@ -72,14 +72,15 @@ def _per_rank_markdown(est) -> str:
 
 def _reshard_summary(story: dict, reshard_state: str, cfg) -> dict:
     """What happened to the live reshard, in one line's worth of fields."""
-    if story["reshards"]:
+    if story["reshards"] and reshard_state != "pending":
         r = story["reshards"][-1]
         return {"status": r["status"], "at_step": r["step"], "segment": r["segment"], "reason": r["reason"]}
     if reshard_state == "off":
         return {"status": "off", "at_step": None, "reason": "--reshard-at 0"}
     return {"status": "not-reached", "at_step": None,
-            "reason": f"the run ended before step {cfg.reshard_at} with a window of at least "
-                      f"{cfg.reshard_min_window} measured steps (--reshard-at, --reshard-min-window)"}
+            "reason": f"the run ended before a step >= {cfg.reshard_at} with a window of at least "
+                      f"{cfg.reshard_min_window} steps measured on its last processes (--reshard-at, "
+                      f"--reshard-min-window)"}
 
 
 def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
@@ -120,14 +121,10 @@ def _segment_title(seg: dict) -> str:
     return f"segment {seg['index'] + 1} ({how}): {n} rank{'s' if n != 1 else ''}, steps {seg['first_step']}-{seg['last_step']}"
 
 
-def _layout(planner, plan: dict, tables) -> list:
-    """What a plan table shows apart from the estimates (which change with the world size)."""
-    return [(r["table"], r["sharding"], r["ranks"], r["bytes"]) for r in plan_rows(planner, plan, tables)]
-
-
 def _plans_markdown(tr) -> str:
     """The plan at each segment's start and after each reshard, a table only where it changed."""
     from .loop import plan_from_json
+    from .replan import placements
 
     md, shown = ["# Sharding plans of the run", ""], None
     for seg in tr.story["segments"]:
@@ -136,7 +133,7 @@ def _plans_markdown(tr) -> str:
         if seg["moves"]:
             md += ["Kept the saved plan except these tables, placed anew:", ""]
             md += [f"- {t}: {m['from']} -> {m['to']} ({m['why']})" for t, m in seg["moves"].items()] + [""]
-        layout = _layout(planner, plan_from_json(seg["plan"]), tr.tables)
+        layout = placements(plan_from_json(seg["plan"]), seg["world_size"])
         if layout != shown:
             md.append(plan_markdown(planner, plan_from_json(seg["plan"]), tr.tables, "Plan in force:"))
         else:
@@ -154,7 +151,7 @@ def _plans_markdown(tr) -> str:
                        f"rank {i}: {a / 2**20:.2f} -> {b / 2**20:.2f} MiB"
                        for i, (a, b) in enumerate(zip(r["memory_before"], r["memory_after"]))), ""]
             md.append(plan_markdown(planner, plan_from_json(r["plan_after"]), tr.tables, "Plan after the reshard:"))
-            shown = _layout(planner, plan_from_json(r["plan_after"]), tr.tables)
+            shown = placements(plan_from_json(r["plan_after"]), seg["world_size"])
     return "\n".join(md) + "\n"
 
 

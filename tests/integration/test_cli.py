@@ -125,6 +125,8 @@ def test_resume_continues_the_same_loss_curve(run_a, tmp_path):
         (0, "whole segment (up to the checkpoint)", 0, 12), (1, "before reshard", 12, 22),
         (1, "after reshard" if m["reshard"]["status"] == "applied" else "after reshard check (no-change)", 22, 24)]
     assert mb["load_windows"][0]["per_rank"] == pytest.approx(m["load_windows"][0]["per_rank"])
+    plan_md = (b / "plan.md").read_text()   # the resumed segment's plan is not shown a second time
+    assert plan_md.count("Plan in force:") == 1 and "every table where it was at the end of the previous" in plan_md
 
 
 def test_criteo_file_with_missing_values_trains(tmp_path):
@@ -168,6 +170,26 @@ def test_resume_on_another_world_size(run_a, tmp_path):
     assert set(seg["moves"]) == set(saved) - stays
     assert all(mv["why"] == "rank 1 is gone (2 -> 1 ranks)" for mv in seg["moves"].values())
     assert all(len(w["per_rank"]) == mc["segments"][w["segment"]]["world_size"] for w in mc["load_windows"])
+    # on another world size the reshard is due again, after a full window: 4 steps are not enough
+    assert mc["reshard"]["status"] == "not-reached" and len(mc["reshards"]) == 1
+
+
+def test_resume_on_more_ranks_keeps_the_plan_then_rebalances(run_a, tmp_path):
+    out_a, m = run_a
+    g = tmp_path / "g"
+    shutil.copytree(out_a / "checkpoints" / "step_00000024", g / "checkpoints" / "step_00000024")
+    mg = _train(g, "--steps", "32", "--batch-size", "128", "--checkpoint-every", "0", "--reshard-at", "12",
+                "--reshard-min-window", "4", "--resume", "--world-size", "3")
+    seg = mg["segments"][1]
+    assert (seg["kind"], seg["world_size"], seg["moves"]) == ("resume", 3, {})   # nothing had to move
+    assert max(mg["loss"]["value"][24:]) < m["loss"]["first"] - 0.02
+    # the new rank starts with only the replicated tables; the second reshard (4 steps into the
+    # segment) spreads the measured load over all three ranks
+    r = mg["reshards"][-1]
+    assert (r["segment"], r["step"], r["status"]) == (1, 28, "applied"), r
+    before, after = [w for w in mg["load_windows"] if w["segment"] == 1]
+    assert before["per_rank"][2] < min(before["per_rank"][:2])
+    assert after["max_over_mean"] < before["max_over_mean"] - 0.1, (before, after)
 
 
 def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monkeypatch, capfd):

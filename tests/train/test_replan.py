@@ -3,7 +3,7 @@
 import pytest
 
 from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner, data_parallel, row_wise, table_wise
-from shardwise.train.replan import describe, keep_plan
+from shardwise.train.replan import describe, keep_plan, placements
 from shardwise.train.story import add_window, new_story, open_segment, run_counts
 
 _TABLES = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=8, feature_names=[f"f{i}"]) for i in range(5)]
@@ -33,6 +33,7 @@ def test_growing_keeps_every_table_where_it_was():
     est = _planner(3).estimate(plan, _TABLES)
     assert [(b.rank, b.row_size) for b, _, _ in est.shards["t2"]] == [(0, 1500), (1, 1500)]
     assert est.memory[2] == est.shards["t3"][2][1]   # the new rank holds only the replicated table
+    assert placements(plan, 3) == placements(saved, 2)   # the report shows it as the same plan
 
 
 def test_a_kept_layout_over_the_memory_budget_is_planned_afresh():
@@ -89,3 +90,20 @@ def test_bad_reshard_settings_name_the_value_and_the_fix(kwargs, match):
 
     with pytest.raises(ValueError, match=match):
         TrainConfig(**kwargs)
+
+
+def test_resume_refuses_a_checkpoint_without_a_run_story(tmp_path):
+    import json
+
+    from shardwise.train.checkpoint import MARKER, resume_point
+    from shardwise.train.config import TrainConfig
+
+    cfg = TrainConfig(out=str(tmp_path), resume=True)
+    old = tmp_path / "checkpoints" / "step_00000010"
+    old.mkdir(parents=True)
+    (old / MARKER).write_text("10\n")
+    (old / "meta.json").write_text(json.dumps({"step": 10, "config": cfg.to_json()}))
+    with pytest.raises(ValueError, match="written by an older shardwise .* start a new run in another --out"):
+        resume_point(cfg)
+    (old / "meta.json").write_text(json.dumps({"step": 10, "config": cfg.to_json(), "story": {}}))
+    assert resume_point(cfg) == old
