@@ -1,8 +1,7 @@
 """Every ```python snippet in README.md and docs/*.md runs, on 2 real processes (torchrun, gloo).
 
 A snippet that calls ``init_process_group`` is a whole script and runs first; the others run inside the
-group it (or the runner) started, each in a fresh namespace. docs/reshard.md is left out: its snippets
-show the reshard internals being moved (issue 13) and name a checkpoint module that moves with them.
+group it (or the runner) started, each in a fresh namespace.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SKIP = {"docs/reshard.md": "reshard internals being moved (issue 13)"}
+SKIP: dict = {}
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 _RUNNER = r'''
