@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--dim", type=int, default=64, help="embedding dimension (default %(default)s)")
     pl.add_argument("--world", type=int, default=2, help="number of ranks (default %(default)s)")
     pl.add_argument("--batch-size", type=int, default=512, help="examples per rank per step (default %(default)s)")
-    pl.add_argument("--memory-mb", type=float, default=1024.0, help="memory per rank in MiB (default %(default)s)")
+    pl.add_argument("--memory-per-rank", dest="memory", type=_bytes, default=1 << 30, metavar="SIZE",
+                    help="memory per rank for embeddings (weights + optimizer state), e.g. 6GiB; the plan is for "
+                         "a cluster that need not be this machine, so the default is explicit: 1GiB")
+    pl.add_argument("--memory-mb", type=float, default=None, help="the same in MiB (alias of --memory-per-rank)")
     pl.add_argument("--ranks-per-host", type=int, default=None,
                     help="ranks per host (default: all on one host); tables may then go table-row-wise in a host")
     pl.add_argument("--json", action="store_true", help="print the plan and its estimate as one JSON object")
@@ -78,8 +81,9 @@ def _cmd_train(ns) -> int:
     check_output_paths(cfg)
     # decided here, once for this machine's processes: NCCL refuses two ranks on one GPU
     cfg.device = choose_device(cfg.device, ns.nproc_per_node, torch.cuda.device_count())
-    if cfg.data:
-        CriteoTSV(cfg.data)   # a malformed file fails here, before any process starts
+    for path in (cfg.data, cfg.eval_data):
+        if path:
+            CriteoTSV(path)   # a malformed file fails here, before any process starts
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
     try:
@@ -94,6 +98,15 @@ def _cmd_train(ns) -> int:
     return 0
 
 
+def _bytes(text: str) -> int:
+    from .train.budget import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _cmd_plan(ns) -> int:
     from .embedding import EmbeddingBagConfig, EmbeddingShardingPlanner
     from .train.report import print_plan
@@ -101,11 +114,15 @@ def _cmd_plan(ns) -> int:
     for name in ("tables", "rows", "dim", "world", "batch_size"):
         if getattr(ns, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(ns, name)} must be >= 1")
-    if not ns.memory_mb > 0:   # also catches nan
-        raise ValueError(f"--memory-mb={ns.memory_mb} must be > 0 (MiB of embedding memory per rank)")
+
     tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=ns.rows, embedding_dim=ns.dim, feature_names=[f"f{i}"]) for i in range(ns.tables)]
-    planner = EmbeddingShardingPlanner(ns.world, int(ns.memory_mb * 2**20), batch_size_per_rank=ns.batch_size,
-                                       ids_per_bag=1.0, ranks_per_host=ns.ranks_per_host)
+    if ns.memory_mb is not None:
+        if not ns.memory_mb > 0:   # also catches nan
+            raise ValueError(f"--memory-mb={ns.memory_mb} must be > 0 (MiB of embedding memory per rank)")
+        ns.memory = int(ns.memory_mb * 2**20)
+    planner = EmbeddingShardingPlanner(ns.world, ns.memory, batch_size_per_rank=ns.batch_size,
+                                       ids_per_bag=1.0, ranks_per_host=ns.ranks_per_host,
+                                       memory_flag="--memory-per-rank")
     plan = planner.plan(tables)
     if ns.json:
         print(json.dumps(planner.plan_record(plan, tables)))

@@ -41,7 +41,11 @@ class TrainConfig:
     dim: int = 16
     lr_dense: float = 0.003
     lr_sparse: float = 0.05
-    memory_per_rank_mb: float = 1024.0
+    memory_per_rank_mb: Optional[float] = None   # None: measured on rank 0 (train/budget.py)
+    num_embeddings_per_feature: Optional[list] = None   # 26 table sizes (TorchRec's DLRM flag); wins over rows
+    max_rows: Optional[int] = None       # cap every table; ids fold modulo its size
+    eval_data: Optional[str] = None      # held-out file scored at the end
+    eval_fraction: Optional[float] = None   # or: the last fraction of --data, never trained on
     threads: Optional[int] = None        # None: this host's cores / the ranks on this host
     device: Optional[str] = None         # "cuda" | "cpu"; None: cuda when every local process has a GPU
     eval_examples: int = 8192
@@ -67,9 +71,11 @@ class TrainConfig:
                              f"load a reshard decision needs), e.g. --reshard-min-window 10")
         if self.dense_parallel not in _DENSE_MODES:
             raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
-        if not isinstance(self.memory_per_rank_mb, (int, float)) or not self.memory_per_rank_mb > 0:
+        if self.memory_per_rank_mb is not None and (not isinstance(self.memory_per_rank_mb, (int, float))
+                                                    or not self.memory_per_rank_mb > 0):
             raise ValueError(f"memory_per_rank_mb={self.memory_per_rank_mb!r} must be a positive number of MiB "
-                             f"(weights + optimizer state per rank), e.g. --memory-per-rank-mb 1024")
+                             f"(weights + optimizer state per rank), e.g. --memory-per-rank 6GiB")
+        self._check_tables_and_eval()
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
                                          or self.threads < 1):
             raise ValueError(f"threads={self.threads!r} must be a positive int (CPU threads per process), e.g. "
@@ -84,6 +90,25 @@ class TrainConfig:
             raise ValueError(f"seed={self.seed!r} must be an int in [0, 2**63); pick e.g. --seed 0")
         if self.rows < 8:
             raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
+
+    def _check_tables_and_eval(self) -> None:
+        sizes = self.num_embeddings_per_feature
+        if sizes is not None:
+            if len(sizes) != 26 or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+                raise ValueError(f"num_embeddings_per_feature={sizes!r} must be 26 positive ints, one per categorical "
+                                 f"feature C1..C26, e.g. --num-embeddings-per-feature 1460,583,...")
+            self.num_embeddings_per_feature = list(sizes)
+        if self.max_rows is not None and (not isinstance(self.max_rows, int) or isinstance(self.max_rows, bool)
+                                          or self.max_rows < 1):
+            raise ValueError(f"max_rows={self.max_rows!r} must be a positive int (rows per table at most)")
+        if self.eval_fraction is not None:
+            if not isinstance(self.eval_fraction, (int, float)) or not 0 < self.eval_fraction < 1:
+                raise ValueError(f"eval_fraction={self.eval_fraction!r} must be in (0, 1), e.g. --eval-fraction 0.1")
+            if not self.data:
+                raise ValueError("--eval-fraction holds out the end of --data: give --data (the synthetic log "
+                                 "already scores held-out examples)")
+            if self.eval_data:
+                raise ValueError("give --eval-data or --eval-fraction, not both")
 
     @property
     def checkpoint_path(self) -> str:

@@ -25,7 +25,7 @@ from ..sparse import KeyedJaggedTensor
 
 __all__ = [
     "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "Batch", "SyntheticClicks", "CriteoTSV",
-    "default_cardinalities", "to_model_inputs", "open_data",
+    "default_cardinalities", "to_model_inputs", "open_data", "Rows",
 ]
 
 NUM_DENSE, NUM_SPARSE = 13, 26
@@ -205,6 +205,39 @@ def _parse_line(line: str, line_no: int, name: str):
         # a 64-bit hash with its top bit set keeps its low 63 bits: ids stay int64 and >= 0 (-1 = missing)
         ids.append(value % _INT64_LIMIT if value >= 0 else value)
     return int(fields[0]), dense, ids
+
+
+class Rows:
+    """Rows [start, stop) of a finite log, cycled: what training reads when the end is held out, or
+    the held-out end itself.
+
+    Example:
+        >>> data = Rows(SyntheticClicks(0, default_cardinalities(100)), 10, 14)
+        >>> len(data), data.batch(3, 2).labels.shape
+        (4, (2,))
+    """
+
+    def __init__(self, data, start: int, stop: int):
+        if not 0 <= start < stop:
+            raise ValueError(f"rows [{start}, {stop}) are empty; a held-out fraction needs a log of several rows")
+        self.data, self.start, self.stop = data, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def batch(self, start: int, count: int) -> Batch:
+        n = len(self)
+        idx = [self.start + (start + i) % n for i in range(count)]
+        # contiguous runs, so the underlying reader serves slices
+        parts, i = [], 0
+        while i < count:
+            j = i
+            while j + 1 < count and idx[j + 1] == idx[j] + 1:
+                j += 1
+            parts.append(self.data.batch(idx[i], j - i + 1))
+            i = j + 1
+        return Batch(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]),
+                     np.concatenate([p.labels for p in parts]))
 
 
 def open_data(path, seed: int, cardinalities: Sequence[int]):

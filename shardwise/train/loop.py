@@ -21,7 +21,8 @@ import torch.distributed as dist
 from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, shard
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import SyntheticClicks, default_cardinalities, open_data, to_model_inputs
+from .budget import budget_bytes, table_sizes
+from .data import Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
 from .model import DenseArch, auc, make_ebc, make_tables
 from .progress import Progress, console
@@ -50,13 +51,14 @@ def plan_from_json(raw: dict) -> dict:
 class Trainer:
     """One rank's share of the job; every method that talks is called on all ranks at the same step."""
 
-    def __init__(self, cfg: TrainConfig, mesh):
+    def __init__(self, cfg: TrainConfig, mesh, ranks_on_host: int = 1):
         self.cfg, self.mesh = cfg, mesh
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device(mesh.device_type)
-        self.cards = default_cardinalities(cfg.rows)
-        self.data = open_data(cfg.data, cfg.seed, self.cards)
+        self.cards = table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows)
+        self.memory_bytes, self.memory_source = budget_bytes(cfg.memory_per_rank_mb, self.device, ranks_on_host)
+        self.data, self.eval_data, self.eval_source = self._open_logs()
         self.tables = make_tables(self.cards, cfg.dim)
         self.table_of = {f: t.name for t in self.tables for f in t.feature_names}
         self.planner = self.planner_for(self.world)
@@ -77,9 +79,24 @@ class Trainer:
     # ---- setup ------------------------------------------------------------------------------------
     def planner_for(self, world: int) -> EmbeddingShardingPlanner:
         """The job's planner for ``world`` ranks (the report estimates earlier segments' plans with it)."""
-        return EmbeddingShardingPlanner(world, int(self.cfg.memory_per_rank_mb * 2**20),
+        return EmbeddingShardingPlanner(world, self.memory_bytes, memory_flag="--memory-per-rank",
                                         batch_size_per_rank=self.cfg.batch_size, ids_per_bag=1.0,
                                         sharding_types=_SHARDING_TYPES)
+
+    def _open_logs(self) -> tuple:
+        """(training log, held-out log, what the eval scores): the synthetic log's eval examples lie far
+        beyond any training cursor; a file's come from --eval-data or its last --eval-fraction."""
+        cfg = self.cfg
+        data = open_data(cfg.data, cfg.seed, self.cards)
+        if cfg.eval_data:
+            return data, open_data(cfg.eval_data, cfg.seed, self.cards), f"held-out file {cfg.eval_data}"
+        if cfg.eval_fraction:
+            n = len(data)
+            cut = n - max(1, int(round(n * cfg.eval_fraction)))
+            return Rows(data, 0, cut), Rows(data, cut, n), f"last {n - cut} of {n} rows of {cfg.data} (held out)"
+        if isinstance(data, SyntheticClicks):
+            return data, None, "held-out synthetic examples"
+        return data, None, f"first rows of {cfg.data} (also trained on: pass --eval-data or --eval-fraction)"
 
     def _resume_meta(self) -> Optional[dict]:
         if not self.cfg.resume:
@@ -217,7 +234,7 @@ class Trainer:
         stats = self.sparse.load_stats(reset=True)   # collective: the same numbers on every rank
         before = stats.per_rank()
         add_window(self.story, "before reshard", self.window_from, self.step, before)
-        budget = int(self.cfg.memory_per_rank_mb * 2**20)
+        budget = self.memory_bytes
         # the same figure bounds the bytes moved and, through the planner, the memory of every rank
         res = live_reshard(self.sparse, stats, self.plan, max_bytes_moved=budget, max_bytes_per_rank=budget,
                            planner=self.planner, tables=self.tables)
@@ -253,10 +270,15 @@ class Trainer:
 
     # ---- the end ----------------------------------------------------------------------------------
     def evaluate(self) -> float:
-        """AUC of the final model on held-out synthetic examples (or the file's first examples)."""
+        """AUC of the final model on the held-out examples (``self.eval_source`` says which)."""
         n = max(self.cfg.eval_examples // self.world, 1)
-        start = _EVAL_START if isinstance(self.data, SyntheticClicks) else 0
-        dense, kjt, labels = self._inputs(start + self.rank * n, n)
+        if self.eval_data is not None:
+            n = max(1, min(n, len(self.eval_data) // self.world))
+            batch = self.eval_data.batch(self.rank * n, n)
+            dense, kjt, labels = to_model_inputs(batch, self.cards, self.device)
+        else:
+            start = _EVAL_START if isinstance(self.data, SyntheticClicks) else 0
+            dense, kjt, labels = self._inputs(start + self.rank * n, n)
         with torch.no_grad():
             pooled = self.sparse(kjt).values()
         scores = torch.sigmoid(self.dense.predict(dense, pooled))

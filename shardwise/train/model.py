@@ -74,10 +74,9 @@ def make_tables(cardinalities: Sequence[int], dim: int) -> list[EmbeddingBagConf
 
 
 def make_ebc(cardinalities: Sequence[int], dim: int, seed: int) -> EmbeddingBagCollection:
-    """The unsharded collection, initialised from ``seed`` (identically on every rank)."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return EmbeddingBagCollection(make_tables(cardinalities, dim))
+    """The collection on the meta device: no rank ever builds a whole table; ``shard()`` draws each
+    rank's own shards from ``seed`` (the same values under any plan or world size)."""
+    return EmbeddingBagCollection(make_tables(cardinalities, dim), device="meta", init_seed=seed)
 
 
 def auc(scores: torch.Tensor, labels: torch.Tensor) -> float:

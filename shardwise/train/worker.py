@@ -24,6 +24,22 @@ from .config import TrainConfig
 __all__ = ["main", "run_worker", "add_train_arguments", "config_from_args", "check_output_paths"]
 
 
+def _size_mb(text: str) -> float:
+    from .budget import parse_size
+
+    try:
+        return parse_size(text) / 2**20
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _int_list(text: str) -> list:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints, e.g. 1460,583,10131227")
+
+
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """The job's flags (shared by ``shardwise train`` and ``python -m shardwise.train.worker``)."""
     d = TrainConfig()
@@ -45,9 +61,18 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="data parallelism of the dense MLPs (default %(default)s)")
     p.add_argument("--rows", type=int, default=d.rows, help="rows of the largest table (default %(default)s)")
     p.add_argument("--dim", type=int, default=d.dim, help="embedding dimension (default %(default)s)")
-    p.add_argument("--memory-per-rank-mb", type=float, default=d.memory_per_rank_mb,
-                   help="embedding memory per rank in MiB (weights + optimizer state) that the plan, a resume and "
-                        "the live reshard must respect (default %(default)s)")
+    p.add_argument("--memory-per-rank", dest="memory_per_rank_mb", type=_size_mb, default=None, metavar="SIZE",
+                   help="embedding memory per rank (weights + optimizer state), e.g. 6GiB, that the plan, a resume "
+                        "and the live reshard must respect (default: measured on rank 0 -- the GPU's free memory, "
+                        "or the machine's available memory / the ranks on its host -- minus headroom)")
+    p.add_argument("--memory-per-rank-mb", dest="memory_per_rank_mb", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--num-embeddings-per-feature", type=_int_list, default=None, metavar="N1,...,N26",
+                   help="the 26 table sizes (TorchRec's DLRM flag; wins over --rows)")
+    p.add_argument("--max-rows", type=int, default=None,
+                   help="cap every table at M rows; ids fold modulo the table size (DLRM's max index range)")
+    p.add_argument("--eval-data", default=None, help="held-out Criteo-format file scored at the end")
+    p.add_argument("--eval-fraction", type=float, default=None,
+                   help="hold out the last fraction F of --data (never trained on) and score it at the end")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads per process (default: this host's cores / the ranks running on this host)")
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
@@ -63,7 +88,9 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        reshard_min_window=ns.reshard_min_window,
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
-                       memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
+                       memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads,
+                       num_embeddings_per_feature=ns.num_embeddings_per_feature, max_rows=ns.max_rows,
+                       eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
 
 
 def check_output_paths(cfg: TrainConfig) -> None:
@@ -110,7 +137,7 @@ def _init_process_group(timeout_s: float = 600.0, device_type: Optional[str] = N
     return init_device_mesh(device_type, (dist.get_world_size(),))
 
 
-def _set_threads(cfg: TrainConfig, mesh) -> None:
+def _set_threads(cfg: TrainConfig, mesh) -> int:
     """Share the host's cores among the ranks on it (``--threads`` wins); collective."""
     from .host import host_cores, ranks_on_this_host, threads_per_process
 
@@ -118,6 +145,7 @@ def _set_threads(cfg: TrainConfig, mesh) -> None:
         else torch.device("cpu")
     here = ranks_on_this_host(device)   # every rank takes part, also when --threads makes it moot
     torch.set_num_threads(threads_per_process(host_cores(), here, cfg.threads))
+    return here
 
 
 def run_worker(config_json: str) -> Optional[dict]:
@@ -138,8 +166,8 @@ def run_worker(config_json: str) -> Optional[dict]:
 
     mesh = _init_process_group(cfg.collective_timeout, cfg.device)
     try:
-        _set_threads(cfg, mesh)
-        return Trainer(cfg, mesh).run()
+        here = _set_threads(cfg, mesh)
+        return Trainer(cfg, mesh, ranks_on_host=here).run()
     finally:
         gc.collect()  # drop finished work objects that still hold the group's tensors
         dist.destroy_process_group()

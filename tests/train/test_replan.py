@@ -69,7 +69,8 @@ def test_run_counts_resumes_and_restarts(segments, want):
 
 @pytest.mark.parametrize("flags, field, want", [
     (["--reshard-min-window", "25"], "reshard_min_window", 25), ([], "reshard_min_window", 10),
-    (["--memory-per-rank-mb", "64"], "memory_per_rank_mb", 64.0), ([], "memory_per_rank_mb", 1024.0),
+    (["--memory-per-rank-mb", "64"], "memory_per_rank_mb", 64.0), ([], "memory_per_rank_mb", None),
+    (["--memory-per-rank", "6GiB"], "memory_per_rank_mb", 6144.0),
 ])
 def test_reshard_window_and_memory_flags(flags, field, want):
     import argparse

@@ -79,7 +79,7 @@ class EmbeddingShardingPlanner:
                  ids_per_bag: float = 20.0, optimizer: str = "adagrad", bytes_per_element: int = 4,
                  data_parallel_max_rows: int = 1024, sharding_types: Optional[Sequence[ShardingType]] = None,
                  ranks_per_host: Optional[int] = None, min_column_width: int = 32, message_cost: float = 16384.0,
-                 intra_host_cost: float = 0.25):
+                 intra_host_cost: float = 0.25, memory_flag: str = "memory_per_rank_bytes"):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         mem = [memory_per_rank_bytes] * world_size if isinstance(memory_per_rank_bytes, (int, float)) \
@@ -101,6 +101,7 @@ class EmbeddingShardingPlanner:
                                                      for h in range(0, world_size, per_host)))
         self.min_column_width, self.message_cost = int(min_column_width), float(message_cost)
         self.intra_host_cost = float(intra_host_cost)
+        self.memory_flag = memory_flag       # how the caller's users set the memory (named in errors)
         default = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
                    ShardingType.DATA_PARALLEL) + ((ShardingType.TABLE_ROW_WISE,) if len(self.topo.hosts) > 1 else ())
         self.types = tuple(sharding_types or default)
@@ -198,7 +199,7 @@ class EmbeddingShardingPlanner:
                 raise ValueError(
                     f"table {t.name!r} ({t.num_embeddings} x {t.embedding_dim}) does not fit: every layout "
                     f"exceeds some rank's memory by at least {shortfall} bytes ({shortfall / 2**20:.1f} MiB) "
-                    f"with the tables placed so far; raise memory_per_rank_bytes, add ranks or shrink the table")
+                    f"with the tables placed so far; raise {self.memory_flag}, add ranks or shrink the table")
             plan[t.name] = best
             memory, cost = best_state
         return {t.name: plan[t.name] for t in tables}
