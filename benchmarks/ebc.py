@@ -74,7 +74,7 @@ def run_shardwise(rank, args, plan_name):
     from shardwise.sparse import KeyedJaggedTensor
 
     torch.manual_seed(0)
-    cfgs = [EmbeddingBagConfig(f"t{i}", args.rows, args.dim, [f"f{i}"]) for i in range(args.tables)]
+    cfgs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=args.rows, embedding_dim=args.dim, feature_names=[f"f{i}"]) for i in range(args.tables)]
     ebc = EmbeddingBagCollection(cfgs)
     batches = [KeyedJaggedTensor(k, v, lengths=l) for k, v, l in make_batches(rank, args)]
     if plan_name == "unsharded":

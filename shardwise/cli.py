@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--world", type=int, default=2, help="number of ranks (default %(default)s)")
     pl.add_argument("--batch-size", type=int, default=512, help="examples per rank per step (default %(default)s)")
     pl.add_argument("--memory-mb", type=float, default=1024.0, help="memory per rank in MiB (default %(default)s)")
+    pl.add_argument("--ranks-per-host", type=int, default=None,
+                    help="ranks per host (default: all on one host); tables may then go table-row-wise in a host")
+    pl.add_argument("--json", action="store_true", help="print the plan and its estimate as one JSON object")
     b = sub.add_parser("bench", help="run the benchmark scripts and print their ratio lines",
                        description="Run benchmarks/*.py one after another; print the JSON lines with ratios.")
     b.add_argument("--only", action="append", default=[], help="run only this script (e.g. ebc); repeatable")
@@ -67,18 +70,26 @@ def _cmd_train(ns) -> int:
     from .train.launch import launch
     from .train.worker import check_output_paths, config_from_args
 
+    import torch
+
+    from .train.host import choose_device
+
     cfg = config_from_args(ns)
     check_output_paths(cfg)
+    # decided here, once for this machine's processes: NCCL refuses two ranks on one GPU
+    cfg.device = choose_device(cfg.device, ns.nproc_per_node, torch.cuda.device_count())
     if cfg.data:
         CriteoTSV(cfg.data)   # a malformed file fails here, before any process starts
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
     try:
         launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
-    except Exception as e:   # the launcher's ChildFailedError already printed each rank's traceback
+    except Exception as e:   # the launcher's ChildFailedError: name the ranks, the causes, the way on
         if type(e).__name__ != "ChildFailedError":
             raise
-        print(f"shardwise train: workers failed ({e.__class__.__name__}); see the traceback above", file=sys.stderr)
+        from .train.launch import describe_failure
+
+        print(describe_failure(e, cfg, ns.max_restarts), file=sys.stderr)
         return 1
     return 0
 
@@ -92,10 +103,13 @@ def _cmd_plan(ns) -> int:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(ns, name)} must be >= 1")
     if not ns.memory_mb > 0:   # also catches nan
         raise ValueError(f"--memory-mb={ns.memory_mb} must be > 0 (MiB of embedding memory per rank)")
-    tables = [EmbeddingBagConfig(f"t{i}", ns.rows, ns.dim, [f"f{i}"]) for i in range(ns.tables)]
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=ns.rows, embedding_dim=ns.dim, feature_names=[f"f{i}"]) for i in range(ns.tables)]
     planner = EmbeddingShardingPlanner(ns.world, int(ns.memory_mb * 2**20), batch_size_per_rank=ns.batch_size,
-                                       ids_per_bag=1.0)
+                                       ids_per_bag=1.0, ranks_per_host=ns.ranks_per_host)
     plan = planner.plan(tables)
+    if ns.json:
+        print(json.dumps(planner.plan_record(plan, tables)))
+        return 0
     print_plan(planner, plan, tables, f"plan: {ns.tables} tables x {ns.rows} rows x {ns.dim} on {ns.world} ranks")
     return 0
 

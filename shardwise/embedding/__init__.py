@@ -2,35 +2,35 @@
 
 Example:
     >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingBagCollection, shard, row_wise
-    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig("t", 1000, 16, ["f"])])
+    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(1000, 16, "t", feature_names=["f"])])
     >>> sharded = shard(ebc, {"t": row_wise()},
     ...                 optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))   # doctest: +SKIP
 """
 
-from .collection import EmbeddingBagCollection
-from .config import EmbeddingBagConfig, PoolingType
-from .fused_optimizer import FusedOptimizer
-from .optim import RowWiseAdagrad
+from .collection import DataType, EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+from .optim import FusedOptimizer, RowWiseAdagrad
 from .plan import (
+    EmbeddingShardingPlanner,
     ParameterSharding,
+    PlanEstimate,
     ShardBox,
     ShardingType,
     column_wise,
     data_parallel,
+    rank_ranges,
     row_wise,
     table_row_wise,
     table_wise,
 )
-from .planner import EmbeddingShardingPlanner, PlanEstimate
-from .rebalance import LoadStats, propose_rebalance
-from .reshard import ReshardStats, current_plan, reshard
-from .sharded import ShardedEmbeddingBagCollection, shard
-from .sharded_tensor import ShardedTable
+from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
+from .model_parallel import DistributedModelParallel
+from .sharded_collection import ShardedEmbeddingBagCollection, shard
+from .sharded_table import ShardedTable
 
 __all__ = [
-    "EmbeddingBagConfig", "PoolingType", "EmbeddingBagCollection",
+    "EmbeddingBagConfig", "PoolingType", "DataType", "EmbeddingBagCollection",
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
-    "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
-    "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats",
+    "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
+    "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats", "DistributedModelParallel",
 ]

@@ -98,7 +98,11 @@ def resume_point(cfg) -> Path:
     if path is None:
         raise ValueError(f"--resume: no committed checkpoint under {cfg.checkpoint_path!r}; run without "
                          f"--resume first (with --checkpoint-every K) or pass the --out of that run")
-    saved = json.loads(read_meta(path)["config"])
+    meta = read_meta(path)
+    if "story" not in meta:
+        raise ValueError(f"--resume: {path} was written by an older shardwise (its meta has no run story: segments, "
+                         f"load windows, reshards); start a new run in another --out")
+    saved = json.loads(meta["config"])
     # table shapes must match what was saved; batch size, dense mode and world size may change
     differ = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in ("rows", "dim") if saved[k] != getattr(cfg, k)]
     if differ:

@@ -29,6 +29,8 @@ class TrainConfig:
     batch_size: int = 256
     out: str = "shardwise-report"
     reshard_at: Optional[int] = None     # None: halfway through the run
+    # steps of measured load (on the current processes and layout) a reshard decision needs at least
+    reshard_min_window: int = 10
     checkpoint_every: int = 200
     checkpoint_dir: Optional[str] = None  # None: <out>/checkpoints
     resume: bool = False
@@ -40,6 +42,8 @@ class TrainConfig:
     lr_dense: float = 0.003
     lr_sparse: float = 0.05
     memory_per_rank_mb: float = 1024.0
+    threads: Optional[int] = None        # None: this host's cores / the ranks on this host
+    device: Optional[str] = None         # "cuda" | "cpu"; None: cuda when every local process has a GPU
     eval_examples: int = 8192
     log_every: int = 10
     quiet: bool = False
@@ -57,8 +61,21 @@ class TrainConfig:
             self.reshard_at = max(1, self.steps // 2)
         if not isinstance(self.reshard_at, int) or self.reshard_at < 0:
             raise ValueError(f"reshard_at={self.reshard_at!r} must be an int >= 0 (0 turns resharding off)")
+        if not isinstance(self.reshard_min_window, int) or isinstance(self.reshard_min_window, bool) \
+                or self.reshard_min_window < 1:
+            raise ValueError(f"reshard_min_window={self.reshard_min_window!r} must be an int >= 1 (steps of measured "
+                             f"load a reshard decision needs), e.g. --reshard-min-window 10")
         if self.dense_parallel not in _DENSE_MODES:
             raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
+        if not isinstance(self.memory_per_rank_mb, (int, float)) or not self.memory_per_rank_mb > 0:
+            raise ValueError(f"memory_per_rank_mb={self.memory_per_rank_mb!r} must be a positive number of MiB "
+                             f"(weights + optimizer state per rank), e.g. --memory-per-rank-mb 1024")
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
+                                         or self.threads < 1):
+            raise ValueError(f"threads={self.threads!r} must be a positive int (CPU threads per process), e.g. "
+                             f"--threads 4, or left out to share the host's cores among its ranks")
+        if self.device not in (None, "cuda", "cpu"):
+            raise ValueError(f"device={self.device!r} must be 'cuda', 'cpu' or None (automatic)")
         if not isinstance(self.collective_timeout, (int, float)) or self.collective_timeout <= 0:
             raise ValueError(f"collective_timeout={self.collective_timeout!r} must be a positive number of seconds")
         # numpy's SeedSequence takes no negative seed and torch.manual_seed none past 64 bits: a bad seed

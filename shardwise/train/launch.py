@@ -12,7 +12,7 @@ from typing import Optional
 from .config import TrainConfig
 from .worker import run_worker
 
-__all__ = ["launch"]
+__all__ = ["launch", "describe_failure"]
 
 
 def launch(cfg: TrainConfig, nproc_per_node: int = 2, nnodes: str = "1", rdzv_endpoint: Optional[str] = None,
@@ -51,3 +51,44 @@ def launch(cfg: TrainConfig, nproc_per_node: int = 2, nnodes: str = "1", rdzv_en
         max_restarts=max_restarts, monitor_interval=0.5, start_method="spawn")
     results = elastic_launch(lc, run_worker)(cfg.to_json())
     return results.get(0) if results else None
+
+
+def _cause(failure) -> str:
+    """What ended one worker, from the launcher's record of it."""
+    if failure.exitcode < 0:
+        return f"was killed by {failure.signal_name()} (signal {-failure.exitcode})"
+    msg = failure.message
+    if isinstance(msg, dict) and msg.get("message"):
+        # a worker that raised left an error file: {"message": "ValueError: ...", "extraInfo": {...}}
+        return f"raised {str(msg['message']).strip().splitlines()[0]} (exit code {failure.exitcode})"
+    return f"exited with code {failure.exitcode} without a Python error (killed, out of memory, or os._exit)"
+
+
+def describe_failure(err, cfg: TrainConfig, max_restarts: int = 0) -> str:
+    """The console's account of a failed job: each failed rank with its exit cause, then how to go on.
+
+    ``err`` is the launcher's ``ChildFailedError`` (``failures``: global rank -> ProcessFailure).
+
+    Example:
+        >>> print(describe_failure(err, cfg))                                  # doctest: +SKIP
+        shardwise train: rank 1 (local rank 1, pid 4242) exited with code 17 ...
+    """
+    from .checkpoint import latest
+
+    tried = f" after {max_restarts} restart{'s' if max_restarts != 1 else ''}" if max_restarts else ""
+    lines = [f"shardwise train: the job failed{tried}:"]
+    for rank, f in sorted(err.failures.items()):
+        lines.append(f"  rank {rank} (local rank {f.local_rank}, pid {f.pid}) {_cause(f)}")
+    lines.append("  (each rank's own traceback, if it had one, is printed above)")
+    last = latest(cfg.checkpoint_path)
+    if last is not None:
+        lines.append(f"To continue from the last committed checkpoint ({last.name} in {cfg.checkpoint_path}), run the "
+                     f"same command with --resume (the number of processes may change); --max-restarts N lets "
+                     f"the launcher restart by itself.")
+    elif cfg.checkpoint_every:
+        lines.append(f"No checkpoint was committed before the failure (every {cfg.checkpoint_every} steps): rerun "
+                     f"the command to start over; --max-restarts N lets the launcher restart by itself.")
+    else:
+        lines.append("No checkpoints were written (--checkpoint-every 0): rerun the command to start over, with "
+                     "--checkpoint-every K to be able to --resume next time.")
+    return "\n".join(lines)

@@ -9,6 +9,7 @@ Example (inside an initialised process group; ``shardwise train`` does all of th
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import time
 from pathlib import Path
@@ -22,10 +23,11 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
-from .load import LoadMeter
 from .model import DenseArch, auc, make_ebc, make_tables
 from .progress import Progress, console
-from .reshard import counter_restore, counter_snapshot, live_reshard
+from .replan import describe, keep_plan
+from .reshard import live_reshard
+from .story import add_reshard, add_window, close_segment, max_over_mean, new_story, open_segment
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 
@@ -57,20 +59,28 @@ class Trainer:
         self.data = open_data(cfg.data, cfg.seed, self.cards)
         self.tables = make_tables(self.cards, cfg.dim)
         self.table_of = {f: t.name for t in self.tables for f in t.feature_names}
-        self.planner = EmbeddingShardingPlanner(self.world, int(cfg.memory_per_rank_mb * 2**20),
-                                                batch_size_per_rank=cfg.batch_size, ids_per_bag=1.0,
-                                                sharding_types=_SHARDING_TYPES)
+        self.planner = self.planner_for(self.world)
         self.step, self.cursor = 0, 0
         self.history: dict = {"step": [], "loss": [], "auc_step": [], "auc": [], "examples_per_s": []}
-        self.reshard_info: dict = {"status": "off" if cfg.reshard_at == 0 else "pending", "at_step": cfg.reshard_at}
-        self.load_windows: list = []
+        self.reshard_state = "off" if cfg.reshard_at == 0 else "pending"   # -> "done" after the reshard
+        self.story = new_story()
         self.elapsed = 0.0
         meta = self._resume_meta()
-        self.plan_before = plan_from_json(meta["plan_before"]) if meta else self.planner.plan(self.tables)
-        self.plan = self._plan_for_resume(meta) if meta else dict(self.plan_before)
+        if meta is None:
+            self.plan, moves = self.planner.plan(self.tables), {}
+        else:   # the live plan of the saved run, kept wherever its ranks still exist
+            self.plan, moves = keep_plan(plan_from_json(meta["plan"]), meta["world"], self.world, self.tables,
+                                         self.planner)
         self._build(meta)
+        self._open_segment(meta, moves)
 
     # ---- setup ------------------------------------------------------------------------------------
+    def planner_for(self, world: int) -> EmbeddingShardingPlanner:
+        """The job's planner for ``world`` ranks (the report estimates earlier segments' plans with it)."""
+        return EmbeddingShardingPlanner(world, int(self.cfg.memory_per_rank_mb * 2**20),
+                                        batch_size_per_rank=self.cfg.batch_size, ids_per_bag=1.0,
+                                        sharding_types=_SHARDING_TYPES)
+
     def _resume_meta(self) -> Optional[dict]:
         if not self.cfg.resume:
             self._set_aside_old_checkpoints()
@@ -90,12 +100,16 @@ class Trainer:
                               f"pass --resume to continue one)[/]")
         dist.barrier()
 
-    def _plan_for_resume(self, meta: dict) -> dict:
-        if meta["world"] == self.world:
-            return plan_from_json(meta["plan"])
-        # another world size: a fresh plan for these ranks; DCP moves every shard where it now lives
-        self.plan_before = self.planner.plan(self.tables)
-        return dict(self.plan_before)
+    def _open_segment(self, meta: Optional[dict], moves: dict) -> None:
+        """A new segment of the run's story: this process group, from this step, on this plan."""
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        kind = "restart" if restart else ("resume" if meta else "start")
+        est = self.planner.estimate(self.plan, self.tables)
+        open_segment(self.story, kind, self.world, self.step, plan_to_json(self.plan),
+                     os.environ.get("TORCHELASTIC_RUN_ID"), restart, moves, est.memory, est.cost,
+                     torch.get_num_threads())
+        if self.rank == 0 and kind != "start":
+            console.print(_segment_notice(kind, restart, meta, self.world, moves))
 
     def _build(self, meta: Optional[dict]) -> None:
         cfg = self.cfg
@@ -108,10 +122,9 @@ class Trainer:
         self.dense = make_dense_runner(cfg.dense_parallel, arch, cfg.lr_dense, self.mesh)
         if meta is not None:
             self._load(meta)
-        self.meter = LoadMeter(self.sparse.boxes(), self.plan, self.rank, self.world, self.device)
-        if meta is not None and meta["world"] == self.world and meta.get("load"):
-            self.meter.restore(meta["load"])
-            counter_restore(self.sparse, meta.get("lookup_counter"))
+        # the module counts its own lookups; a window of measured load starts here (a resumed run
+        # measures its own processes and layout afresh)
+        self.window_from = self.step
 
     def _state(self, template: bool = False) -> dict:
         dense = self.dense.state()
@@ -128,11 +141,15 @@ class Trainer:
         self.sparse.fused_optimizer.load_state_dict(state["sparse_opt"])
         self.dense.load(state["dense"])
         self.step, self.cursor, self.history = meta["step"], meta["cursor"], meta["history"]
-        self.reshard_info, self.load_windows = meta["reshard"], meta["load_windows"]
+        self.story, self.reshard_state = meta["story"], meta["reshard_state"]
+        if self.reshard_state == "done" and meta["world"] != self.world:
+            # the kept plan leaves new ranks with only replicated tables (or packs a lost rank's tables
+            # by estimate): measure again on these processes and rebalance once more
+            self.reshard_state = "pending"
+        w = meta.get("open_window")
+        if w:
+            add_window(self.story, w["label"] + " (up to the checkpoint)", w["first"], meta["step"], w["per_rank"])
         self.elapsed = meta["elapsed"]
-        if self.world != meta["world"]:
-            self.reshard_info = {**self.reshard_info, "note": f"resumed on {self.world} ranks (saved on "
-                                 f"{meta['world']}): replanned"}
 
     # ---- one step -------------------------------------------------------------------------------
     def _inputs(self, start: int, count: int):
@@ -141,7 +158,6 @@ class Trainer:
     def train_step(self):
         b = self.cfg.batch_size
         dense, kjt, labels = self._inputs(self.cursor + self.rank * b, b)
-        self.meter.observe(kjt, self.table_of)
         pooled = self.sparse(kjt).values()
         loss, logits, grad_pooled = self.dense.step(dense, pooled, labels)
         pooled.backward(grad_pooled)   # the fused optimizer updates the shards during this backward
@@ -169,8 +185,10 @@ class Trainer:
         window, t0, seen0 = [], time.perf_counter(), self.step
         with progress:
             while self.step < cfg.steps:
-                # after a resume on another world size the counts restart: measure a step first
-                if self.step >= cfg.reshard_at and self.reshard_info["status"] == "pending" and self.meter.steps:
+                # the decision needs a window of measured load on this layout: after a resume or
+                # restart the reshard waits until the new processes have measured enough steps
+                if self.reshard_state == "pending" and self.step >= cfg.reshard_at \
+                        and self.step - self.window_from >= cfg.reshard_min_window:
                     self._reshard(progress)
                 loss, logits, labels = self.train_step()
                 window.append((torch.sigmoid(logits), labels))
@@ -196,31 +214,41 @@ class Trainer:
         return self.finish(seen0)
 
     def _reshard(self, progress) -> None:
-        totals = self.meter.totals()
-        before = self.meter.per_rank(totals)
-        self.load_windows.append({"label": "before reshard", "steps": self.meter.steps, "per_rank": before,
-                                  "plan": plan_to_json(self.plan)})
-        max_bytes = int(self.cfg.memory_per_rank_mb * 2**20)
-        res = live_reshard(self.sparse, self.plan, self.meter.per_table(totals), max_bytes)
-        self.reshard_info = {"status": res.status, "at_step": self.step, "reason": res.reason,
-                             "changes": plan_to_json(res.changes), "load_before": before, "stats": res.stats}
-        if res.status == "applied":
-            self.sparse, self.plan = res.module, res.plan
-            self.meter = LoadMeter(self.sparse.boxes(), self.plan, self.rank, self.world, self.device)
-        else:
-            self.meter.reset()
+        stats = self.sparse.load_stats(reset=True)   # collective: the same numbers on every rank
+        before = stats.per_rank()
+        add_window(self.story, "before reshard", self.window_from, self.step, before)
+        budget = int(self.cfg.memory_per_rank_mb * 2**20)
+        # the same figure bounds the bytes moved and, through the planner, the memory of every rank
+        res = live_reshard(self.sparse, stats, self.plan, max_bytes_moved=budget, max_bytes_per_rank=budget,
+                           planner=self.planner, tables=self.tables)
+        old, new = self.planner.estimate(self.plan, self.tables), self.planner.estimate(res.plan, self.tables)
+        rec = add_reshard(self.story, {
+            "step": self.step, "status": res.status, "reason": res.reason, "changes": plan_to_json(res.changes),
+            "measured_before": before, "memory_before": old.memory, "memory_after": new.memory,
+            "estimated_before": old.cost, "estimated_after": new.cost, "stats": res.stats,
+            "plan_after": plan_to_json(res.plan)})
+        self.plan, self.reshard_state, self.window_from = res.plan, "done", self.step
         if self.rank == 0:
-            progress.notice(_reshard_notice(res, self.step))
+            progress.notice(_reshard_notice(rec))
             if res.status == "applied" and not self.cfg.quiet:
                 from .report import print_plan
                 print_plan(self.planner, self.plan, self.tables, "sharding plan after the live reshard")
 
+    def _window_label(self) -> str:
+        seg = len(self.story["segments"]) - 1
+        here = [r for r in self.story["reshards"] if r["segment"] == seg]
+        if not here:
+            return "whole segment"
+        return "after reshard" if here[-1]["status"] == "applied" else f"after reshard check ({here[-1]['status']})"
+
     def save(self) -> None:
-        meta = {"step": self.step, "cursor": self.cursor, "world": self.world, "plan": plan_to_json(self.plan),
-                "plan_before": plan_to_json(self.plan_before), "history": self.history,
-                "reshard": self.reshard_info, "load_windows": self.load_windows,
-                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json(),
-                "load": self.meter.snapshot(), "lookup_counter": counter_snapshot(self.sparse)}
+        close_segment(self.story, self.step)
+        # the window still open: a run resumed from this checkpoint shows it as its segment's last
+        open_window = None if self.step == self.window_from else {
+            "label": self._window_label(), "first": self.window_from, "per_rank": self.sparse.load_stats().per_rank()}
+        meta = {"open_window": open_window, "step": self.step, "cursor": self.cursor, "world": self.world, "plan": plan_to_json(self.plan),
+                "history": self.history, "story": self.story, "reshard_state": self.reshard_state,
+                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json()}
         ckpt.save_checkpoint(self.cfg.checkpoint_path, self.step, self._state(), meta)
 
     # ---- the end ----------------------------------------------------------------------------------
@@ -235,12 +263,10 @@ class Trainer:
         return auc(self._gather(scores), self._gather(labels))
 
     def finish(self, seen0: int) -> Optional[dict]:
-        totals = self.meter.totals()
-        label = "after reshard" if self.reshard_info["status"] == "applied" else \
-            ("whole run" if self.reshard_info["status"] == "off" else "after (reshard not applied)")
-        if self.meter.steps:
-            self.load_windows.append({"label": label, "steps": self.meter.steps,
-                                      "per_rank": self.meter.per_rank(totals), "plan": plan_to_json(self.plan)})
+        if self.step > self.window_from:
+            add_window(self.story, self._window_label(), self.window_from, self.step,
+                       self.sparse.load_stats().per_rank())
+        close_segment(self.story, self.step)
         eval_auc = self.evaluate()
         if self.rank != 0:
             return None
@@ -250,14 +276,35 @@ class Trainer:
         return metrics
 
 
-def _reshard_notice(res, step: int) -> str:
-    if res.status == "applied":
-        moved = ", ".join(f"{t} -> {v['type']}{'' if v['ranks'] is None else v['ranks']}"
-                          for t, v in plan_to_json(res.changes).items())
-        sent = res.stats.get("bytes_sent")
-        size = f" ({sum(sent) / 2**20:.2f} MiB moved in {res.stats.get('wall_time_s', 0):.2f}s)" if sent else ""
-        return f"[bold green]live reshard at step {step}[/]: {moved}{size}"
-    if res.status == "no-change":
-        return f"[yellow]reshard check at step {step}: measured load is balanced; plan kept[/]"
-    return f"[bold red]reshard at step {step} {'failed' if res.status == 'failed' else 'skipped'}:[/] {res.reason}"
+def _segment_notice(kind: str, restart: int, meta: Optional[dict], world: int, moves: dict) -> str:
+    if kind == "restart":
+        limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+        where = f"resuming from the checkpoint of step {meta['step']}" if meta else \
+            "no committed checkpoint yet: starting again from step 0"
+        head = f"[bold yellow]elastic restart {restart} of {limit}[/]: a worker failed and the group was restarted; {where}"
+    else:
+        head = f"[bold yellow]resumed[/] from the checkpoint of step {meta['step']}"
+    if meta is None:
+        return head
+    head += f" on {world} ranks (saved on {meta['world']})"
+    if not moves:
+        return head + ": every table stays where it was"
+    lines = [f"  {t}: {m['from']} -> {m['to']} ({m['why']})" for t, m in moves.items()]
+    return head + f"; {len(moves)} tables placed anew:\n" + "\n".join(lines)
 
+
+def _reshard_notice(rec: dict) -> str:
+    step = rec["step"]
+    if rec["status"] == "applied":
+        moved = ", ".join(f"{t} -> {describe(ps)}" for t, ps in plan_from_json(rec["changes"]).items())
+        sent = rec["stats"].get("bytes_sent")
+        size = f" ({sum(sent) / 2**20:.2f} MiB moved in {rec['stats'].get('wall_time_s', 0):.2f}s)" if sent else ""
+        mem = "memory per rank (weights + optimizer state): " + " ".join(
+            f"{a / 2**20:.1f}->{b / 2**20:.1f} MiB" for a, b in zip(rec["memory_before"], rec["memory_after"]))
+        imb = max_over_mean(rec["measured_before"])
+        note = f"\n{rec['reason']}" if rec["reason"] else ""
+        return (f"[bold green]live reshard at step {step}[/] (measured load max/mean {imb:.2f} over the last "
+                f"window): {moved}{size}\n{mem}{note}")
+    if rec["status"] == "no-change":
+        return f"[yellow]reshard check at step {step}: {rec['reason']}; plan kept[/]"
+    return f"[bold red]reshard at step {step} failed:[/] {rec['reason']}"

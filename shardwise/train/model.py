@@ -66,10 +66,11 @@ def make_tables(cardinalities: Sequence[int], dim: int) -> list[EmbeddingBagConf
     """One table per categorical feature: ``t_C1`` looked up by ``C1`` and so on.
 
     Example:
-        >>> make_tables([10] * 26, 8)[0]
-        EmbeddingBagConfig(name='t_C1', num_embeddings=10, embedding_dim=8, feature_names=('C1',), pooling='sum')
+        >>> t = make_tables([10] * 26, 8)[0]
+        >>> t.name, t.num_embeddings, t.embedding_dim, t.feature_names
+        ('t_C1', 10, 8, ('C1',))
     """
-    return [EmbeddingBagConfig(f"t_{f}", int(c), dim, [f]) for f, c in zip(SPARSE_NAMES, cardinalities)]
+    return [EmbeddingBagConfig(name=f"t_{f}", num_embeddings=int(c), embedding_dim=dim, feature_names=[f]) for f, c in zip(SPARSE_NAMES, cardinalities)]
 
 
 def make_ebc(cardinalities: Sequence[int], dim: int, seed: int) -> EmbeddingBagCollection:

@@ -1,5 +1,10 @@
 """The report folder (``metrics.json``, ``loss.png``, ``load.png``, ``plan.md``) and the plan table.
 
+Two load figures appear and are named apart everywhere: the *estimated load* is the planner's model
+(ids assumed uniform over rows), the *measured load* is what the sharded module counted during the
+run. The report tells one run's story by segments (start, resumes, restarts; see ``story.py``):
+nothing from two world sizes or two layouts is drawn side by side.
+
 Example:
     >>> print_plan(planner, plan, tables, "sharding plan")     # doctest: +SKIP
     >>> write_report("shardwise-report", metrics, trainer)      # doctest: +SKIP
@@ -9,14 +14,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 from rich.table import Table
 
+from ..embedding import rank_ranges
 from .progress import console
+from .story import run_counts
 
 __all__ = ["plan_rows", "print_plan", "plan_markdown", "build_metrics", "write_report"]
+
+_EST = "estimated load (planner, ids*dim/step)"
 
 
 def plan_rows(planner, plan: dict, tables) -> list[dict]:
@@ -37,51 +45,61 @@ def print_plan(planner, plan: dict, tables, title: str) -> None:
     est = planner.estimate(plan, tables)
     table = Table(title=title)
     for col, just in (("table", "left"), ("rows x dim", "right"), ("sharding", "left"), ("ranks", "left"),
-                      ("bytes", "right"), ("est. load (ids*dim/step)", "right")):
+                      ("bytes", "right"), (_EST, "right")):
         table.add_column(col, justify=just)
     for r in plan_rows(planner, plan, tables):
-        table.add_row(r["table"], f"{r['rows']}x{r['dim']}", r["sharding"], str(r["ranks"]),
+        table.add_row(r["table"], f"{r['rows']}x{r['dim']}", r["sharding"], rank_ranges(r["ranks"]),
                       f"{r['bytes']:,}", f"{r['est_load']:,.0f}")
     console.print(table)
-    console.print("per rank: " + "  ".join(f"rank {i}: {m / 2**20:.1f} MiB, load {c:,.0f}"
-                                           for i, (m, c) in enumerate(zip(est.memory, est.cost))))
+    console.print("per rank (weights + optimizer state; planner's estimated load): " + "  ".join(
+        f"rank {i}: {m / 2**20:.1f} MiB, est. {c:,.0f}" for i, (m, c) in enumerate(zip(est.memory, est.cost))))
 
 
 def plan_markdown(planner, plan: dict, tables, title: str) -> str:
-    lines = [f"## {title}", "", "| table | rows x dim | sharding | ranks | bytes | est. load (ids*dim/step) |",
+    lines = [f"{title}", "", f"| table | rows x dim | sharding | ranks | bytes | {_EST} |",
              "|---|---:|---|---|---:|---:|"]
     for r in plan_rows(planner, plan, tables):
-        lines.append(f"| {r['table']} | {r['rows']}x{r['dim']} | {r['sharding']} | {r['ranks']} | "
+        lines.append(f"| {r['table']} | {r['rows']}x{r['dim']} | {r['sharding']} | {rank_ranges(r['ranks'])} | "
                      f"{r['bytes']:,} | {r['est_load']:,.0f} |")
-    est = planner.estimate(plan, tables)
-    lines += ["", "| rank | bytes | est. load |", "|---:|---:|---:|"]
-    lines += [f"| {i} | {m:,} | {c:,.0f} |" for i, (m, c) in enumerate(zip(est.memory, est.cost))]
+    return "\n".join(lines) + "\n\n" + _per_rank_markdown(planner.estimate(plan, tables))
+
+
+def _per_rank_markdown(est) -> str:
+    lines = ["| rank | memory (weights + optimizer state) | estimated load |", "|---:|---:|---:|"]
+    lines += [f"| {i} | {m / 2**20:.2f} MiB | {c:,.0f} |" for i, (m, c) in enumerate(zip(est.memory, est.cost))]
     return "\n".join(lines) + "\n"
 
 
-def _imbalance(per_rank: list) -> float:
-    mean = sum(per_rank) / len(per_rank)
-    return max(per_rank) / mean if mean else float("nan")
+def _reshard_summary(story: dict, reshard_state: str, cfg) -> dict:
+    """What happened to the live reshard, in one line's worth of fields."""
+    if story["reshards"] and reshard_state != "pending":
+        r = story["reshards"][-1]
+        return {"status": r["status"], "at_step": r["step"], "segment": r["segment"], "reason": r["reason"]}
+    if reshard_state == "off":
+        return {"status": "off", "at_step": None, "reason": "--reshard-at 0"}
+    return {"status": "not-reached", "at_step": None,
+            "reason": f"the run ended before a step >= {cfg.reshard_at} with a window of at least "
+                      f"{cfg.reshard_min_window} steps measured on its last processes (--reshard-at, "
+                      f"--reshard-min-window)"}
 
 
 def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
     """Everything the report shows, JSON-ready (nan becomes null)."""
-    h, cfg = tr.history, tr.cfg
-    ran = tr.step - seen0
+    h, cfg, story = tr.history, tr.cfg, tr.story
     k = max(1, len(h["loss"]) // 10)
-    windows = [{**w, "imbalance": _imbalance(w["per_rank"])} for w in tr.load_windows]
+    counts = run_counts(story)
     out = {
-        "world_size": tr.world, "steps": tr.step,
-        "elastic_restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), "batch_size_per_rank": cfg.batch_size,
-        "dense_parallel": cfg.dense_parallel, "data": cfg.data or f"synthetic(seed={cfg.seed})",
+        "world_size": tr.world, "steps": tr.step, **counts, "elastic_restarts": counts["restarts"],
+        "batch_size_per_rank": cfg.batch_size, "dense_parallel": cfg.dense_parallel,
+        "data": cfg.data or f"synthetic(seed={cfg.seed})",
         "loss": {"step": h["step"], "value": h["loss"],
                  "first": sum(h["loss"][:k]) / k, "last": sum(h["loss"][-k:]) / k},
         "auc": {"step": h["auc_step"], "train_window": h["auc"], "eval": eval_auc},
         "throughput": {"examples_per_s": h["examples_per_s"][-1] if h["examples_per_s"] else None,
-                       "steps_this_run": ran, "seconds_total": tr.elapsed},
-        "reshard": {**tr.reshard_info, "load_windows": windows},
-        "plan_before": plan_rows(tr.planner, tr.plan_before, tr.tables),
-        "plan_after": plan_rows(tr.planner, tr.plan, tr.tables),
+                       "steps_this_segment": tr.step - seen0, "seconds_total": tr.elapsed},
+        "reshard": _reshard_summary(story, tr.reshard_state, cfg),
+        "segments": story["segments"], "load_windows": story["windows"], "reshards": story["reshards"],
+        "plan_end": plan_rows(tr.planner, tr.plan, tr.tables),
         "config": json.loads(cfg.to_json()),
     }
     return _nan_to_none(out)
@@ -97,17 +115,51 @@ def _nan_to_none(x):
     return x
 
 
+def _segment_title(seg: dict) -> str:
+    how = {"start": "start", "resume": "resume", "restart": f"elastic restart {seg['attempt']}"}[seg["kind"]]
+    n = seg["world_size"]
+    return f"segment {seg['index'] + 1} ({how}): {n} rank{'s' if n != 1 else ''}, steps {seg['first_step']}-{seg['last_step']}"
+
+
+def _plans_markdown(tr) -> str:
+    """The plan at each segment's start and after each reshard, a table only where it changed."""
+    from .loop import plan_from_json
+    from .replan import placements
+
+    md, shown = ["# Sharding plans of the run", ""], None
+    for seg in tr.story["segments"]:
+        md += [f"## {_segment_title(seg)}", ""]
+        planner = tr.planner_for(seg["world_size"])
+        if seg["moves"]:
+            md += ["Kept the saved plan except these tables, placed anew:", ""]
+            md += [f"- {t}: {m['from']} -> {m['to']} ({m['why']})" for t, m in seg["moves"].items()] + [""]
+        layout = placements(plan_from_json(seg["plan"]), seg["world_size"])
+        if layout != shown:
+            md.append(plan_markdown(planner, plan_from_json(seg["plan"]), tr.tables, "Plan in force:"))
+        else:
+            md += ["Plan: every table where it was at the end of the previous segment.", "", _per_rank_markdown(
+                planner.estimate(plan_from_json(seg["plan"]), tr.tables))]
+        shown = layout
+        for r in (r for r in tr.story["reshards"] if r["segment"] == seg["index"]):
+            md += [f"### Live reshard at step {r['step']}: {r['status']}", ""]
+            if r["status"] != "applied":
+                md += [r["reason"], ""]
+                continue
+            md += ["moved: " + ", ".join(f"{t} -> {v['type']}{'' if v['ranks'] is None else v['ranks']}"
+                                         for t, v in r["changes"].items()), "",
+                   "memory per rank (weights + optimizer state), before -> after: " + ", ".join(
+                       f"rank {i}: {a / 2**20:.2f} -> {b / 2**20:.2f} MiB"
+                       for i, (a, b) in enumerate(zip(r["memory_before"], r["memory_after"]))), ""]
+            md.append(plan_markdown(planner, plan_from_json(r["plan_after"]), tr.tables, "Plan after the reshard:"))
+            shown = placements(plan_from_json(r["plan_after"]), seg["world_size"])
+    return "\n".join(md) + "\n"
+
+
 def write_report(out, metrics: dict, tr) -> None:
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=1))
-    md = plan_markdown(tr.planner, tr.plan_before, tr.tables, "Plan before the reshard")
-    if tr.reshard_info.get("status") == "applied":
-        md += "\n" + plan_markdown(tr.planner, tr.plan, tr.tables, "Plan after the reshard")
-    else:
-        md += f"\nNo live reshard was applied ({tr.reshard_info.get('status')}): " \
-              f"{tr.reshard_info.get('reason') or 'the plan above was used throughout'}\n"
-    (folder / "plan.md").write_text(md)
+    (folder / "plan.md").write_text(_plans_markdown(tr))
     _plot_loss(folder / "loss.png", metrics)
     _plot_load(folder / "load.png", metrics)
     if not tr.cfg.quiet:
@@ -128,35 +180,45 @@ def _plot_loss(path: Path, m: dict) -> None:
     if pts:
         ax2.plot(*zip(*pts), color="tab:orange", marker=".", label="train AUC")
     ax2.set_ylabel("AUC")
-    rs = m["reshard"]
-    if rs.get("status") in ("applied", "no-change", "unavailable", "failed"):
-        ax.axvline(rs["at_step"], color="tab:red", ls="--", label=f"reshard ({rs['status']})")
+    for seg in m["segments"][1:]:   # where a resume or restart began a new segment
+        ax.axvline(seg["first_step"], color="tab:gray", ls=":",
+                   label=f"{seg['kind']} on {seg['world_size']} ranks (step {seg['first_step']})")
+    for r in m["reshards"]:
+        ax.axvline(r["step"], color="tab:red", ls="--", label=f"reshard ({r['status']}, step {r['step']})")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right")
-    ax.set_title(f"DLRM on {m['world_size']} ranks: loss and AUC (eval AUC {m['auc']['eval'] or float('nan'):.3f})")
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right", fontsize=8)
+    ax.set_title(f"DLRM: loss and AUC over {len(m['segments'])} segment(s) "
+                 f"(eval AUC {_fmt(m['auc']['eval'], '.3f')})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def _plot_load(path: Path, m: dict) -> None:
+    """One panel per segment (its own ranks), its windows side by side: before / after a reshard."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    windows = m["reshard"]["load_windows"]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    width = 0.8 / max(len(windows), 1)
-    for i, w in enumerate(windows):
-        xs = [r + i * width for r in range(len(w["per_rank"]))]
-        ax.bar(xs, w["per_rank"], width, label=f"{w['label']} (max/mean {_fmt(w['imbalance'], '.2f')})")
-    ax.set_xticks([r + width * (len(windows) - 1) / 2 for r in range(m["world_size"])])
-    ax.set_xticklabels([f"rank {r}" for r in range(m["world_size"])])
-    ax.set_ylabel("measured lookups (ids x dim) per step")
-    ax.set_title("per-rank embedding lookup load")
-    ax.set_ylim(0, max([max(w["per_rank"]) for w in windows] + [1.0]) * 1.3)   # room for the legend
-    ax.legend(fontsize=8, loc="upper right")
+    segs = [s for s in m["segments"] if any(w["segment"] == s["index"] for w in m["load_windows"])] or m["segments"][-1:]
+    fig, axes = plt.subplots(1, len(segs), figsize=(6.5 * len(segs), 4), squeeze=False)
+    top = max([max(w["per_rank"]) for w in m["load_windows"]] + [1.0]) * 1.3   # room for the legend
+    for ax, seg in zip(axes[0], segs):
+        windows = [w for w in m["load_windows"] if w["segment"] == seg["index"]]
+        width = 0.8 / max(len(windows), 1)
+        for i, w in enumerate(windows):
+            xs = [r + i * width for r in range(seg["world_size"])]
+            ax.bar(xs, w["per_rank"], width, label=f"{w['label']}, steps {w['first_step']}-{w['last_step']} "
+                                                   f"(max/mean {_fmt(w['max_over_mean'], '.2f')})")
+        ax.set_xticks([r + width * (len(windows) - 1) / 2 for r in range(seg["world_size"])])
+        ax.set_xticklabels([f"rank {r}" for r in range(seg["world_size"])])
+        ax.set_ylabel("measured lookups (ids x dim) per step")
+        ax.set_title(_segment_title(seg), fontsize=9)
+        ax.set_ylim(0, top)
+        if windows:
+            ax.legend(fontsize=7, loc="upper right")
+    fig.suptitle("measured per-rank embedding lookup load")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -173,9 +235,19 @@ def _print_summary(m: dict, folder: Path) -> None:
     t.add_row("steps", str(m["steps"]))
     t.add_row("loss (first 10% -> last 10%)", f"{m['loss']['first']:.4f} -> {m['loss']['last']:.4f}")
     t.add_row("eval AUC", _fmt(m["auc"]["eval"], ".4f"))
-    t.add_row("examples/s", _fmt(m["throughput"]["examples_per_s"], ",.0f"))
-    t.add_row("reshard", str(m["reshard"].get("status")))
-    for w in m["reshard"]["load_windows"]:
-        t.add_row(f"load max/mean ({w['label']})", _fmt(w["imbalance"], ".2f"))
+    t.add_row("examples/s (last segment)", _fmt(m["throughput"]["examples_per_s"], ",.0f"))
+    t.add_row("resumes / elastic restarts", f"{m['resumes']} / {m['restarts']}")
+    for seg in m["segments"]:
+        t.add_row(_segment_title(seg), "")
+        for r in (r for r in m["reshards"] if r["segment"] == seg["index"]):
+            t.add_row(f"  live reshard at step {r['step']}", r["status"])
+            if r["status"] == "applied":
+                t.add_row("  memory per rank (MiB), before -> after", "  ".join(
+                    f"{a / 2**20:.1f}->{b / 2**20:.1f}" for a, b in zip(r["memory_before"], r["memory_after"])))
+        for w in (w for w in m["load_windows"] if w["segment"] == seg["index"]):
+            t.add_row(f"  measured load max/mean, {w['label']} (steps {w['first_step']}-{w['last_step']})",
+                      _fmt(w["max_over_mean"], ".2f"))
+    if m["reshard"]["status"] in ("off", "not-reached"):
+        t.add_row("live reshard", f"{m['reshard']['status']}: {m['reshard']['reason']}")
     t.add_row("report", str(folder))
     console.print(t)

@@ -1,103 +1,114 @@
-"""Adapter to the live-resharding API (``shardwise.embedding.reshard`` / ``propose_rebalance``).
-
-That API is built separately; when this install lacks it, :func:`live_reshard` says so and changes
-nothing (a reshard is never pretended).
+"""The job's live reshard: the module's measured load -> ``propose_rebalance`` -> ``reshard``.
 
 Example:
-    >>> result = live_reshard(sharded, plan, load_stats, max_bytes=2**30)   # doctest: +SKIP
-    >>> result.status                                                       # doctest: +SKIP
-    'applied'
+    >>> stats = sharded.load_stats(reset=True)                                     # doctest: +SKIP
+    >>> result = live_reshard(sharded, stats, plan, max_bytes_moved=2**30)         # doctest: +SKIP
+    >>> result.status, result.plan == current_plan(sharded)                        # doctest: +SKIP
+    ('applied', True)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-import torch
-import torch.distributed as dist
+from ..embedding import propose_rebalance, reshard
 
-__all__ = ["ReshardResult", "live_reshard", "unavailable_reason", "counter_snapshot", "counter_restore"]
+__all__ = ["ReshardResult", "live_reshard", "fit_memory"]
 
 
 @dataclass
 class ReshardResult:
-    """``status``: ``applied``, ``no-change`` (the proposal kept the plan), ``failed`` (the API refused,
-    nothing changed) or ``unavailable``."""
+    """``status``: ``applied``, ``no-change`` (the proposal kept the plan) or ``failed`` (the reshard
+    API refused, on every rank, before changing anything). ``plan`` is the plan in force afterwards."""
 
     status: str
-    module: Any
     plan: dict
     changes: dict = field(default_factory=dict)
     reason: str = ""
     stats: dict = field(default_factory=dict)
 
 
-def unavailable_reason() -> Optional[str]:
-    """None when the reshard API is importable, else why not."""
-    try:
-        from ..embedding import propose_rebalance, reshard   # noqa: F401
-    except ImportError as e:
-        return (f"live resharding is unavailable in this install: shardwise.embedding has no "
-                f"reshard/propose_rebalance ({e})")
-    return None
+def live_reshard(sharded, load_stats, plan: dict, max_bytes_moved: int, max_bytes_per_rank: Optional[int] = None,
+                 planner=None, tables=None) -> ReshardResult:
+    """Collective: propose a rebalance from ``load_stats`` (``sharded.load_stats()``, identical on
+    every rank) and apply it to ``sharded`` in place.
 
-
-def live_reshard(sharded, plan: dict, load_stats, max_bytes: int) -> ReshardResult:
-    """Collective: propose a rebalance from measured load and apply it. Every input must be the same
-    on all ranks (the load stats are all-reduced before this is called)."""
-    reason = unavailable_reason()
-    if reason is not None:
-        return ReshardResult("unavailable", sharded, plan, reason=reason)
-    from ..embedding import propose_rebalance, reshard
-
-    try:
-        changes = propose_rebalance(_module_stats(sharded, load_stats), max_bytes)
-        changes = dict(getattr(changes, "changes", changes) or {})
+    ``max_bytes_moved`` bounds the weights and optimizer state that may cross the wire. With a
+    ``planner`` (and the collection's ``tables``) the proposal is first cut down to what fits the
+    planner's memory per rank (:func:`fit_memory`). ``max_bytes_per_rank`` is handed to
+    :func:`~shardwise.embedding.reshard`, which refuses a layout over it (the result is then
+    ``failed`` and the module is unchanged).
+    """
+    changes = dict(propose_rebalance(load_stats, max_bytes_moved))
+    if not changes:
+        return ReshardResult("no-change", plan, reason="the measured load cannot be lowered by moving tables")
+    note = ""
+    if planner is not None:
+        changes, note = fit_memory(changes, plan, load_stats, planner, tables)
         if not changes:
-            return ReshardResult("no-change", sharded, plan)
-        out = reshard(sharded, changes)
+            return ReshardResult("no-change", plan, reason=note)
+    try:
+        out = reshard(sharded, changes, max_bytes_per_rank=max_bytes_per_rank)
     except (ValueError, TypeError) as e:
-        # the API raises the same error on every rank before changing anything: train on, unchanged
-        return ReshardResult("failed", sharded, plan, reason=f"{type(e).__name__}: {e}")
-    # reshard() works in place and returns its statistics; a module back means it built a new one
-    module = out if out is not None and hasattr(out, "boxes") else sharded
-    stats = {k: getattr(out, k) for k in ("tables_moved", "bytes_sent", "bytes_received", "wall_time_s")
-             if hasattr(out, k)}
-    return ReshardResult("applied", module, {**plan, **changes}, changes, stats=stats)
+        # reshard() raises the same error on every rank before changing anything: train on, unchanged
+        return ReshardResult("failed", plan, reason=f"{type(e).__name__}: {e}")
+    stats = {"tables_moved": list(out.tables_moved), "bytes_sent": list(out.bytes_sent),
+             "bytes_received": list(out.bytes_received), "wall_time_s": out.wall_time_s}
+    return ReshardResult("applied", {**plan, **changes}, changes, reason=note, stats=stats)
 
 
-def _module_stats(sharded, measured):
-    """The module's own lookup counters when it keeps them (the authoritative measurement), else ours."""
-    if hasattr(sharded, "load_stats"):
-        return sharded.load_stats()
-    if hasattr(sharded, "_lookup_counter"):
-        from ..embedding.rebalance import load_stats
-
-        return load_stats(sharded)
-    return measured
-
-
-def counter_snapshot(sharded) -> Optional[dict]:
-    """Collective: every rank's lookup counts so far (the module's own counter, when it keeps one), so a
-    resumed run proposes the same rebalance as an uninterrupted one. None without a counter."""
-    counter = getattr(sharded, "_lookup_counter", None)
-    if counter is None or not dist.is_initialized():
-        return None
-    local = torch.cat(list(counter.hist)) if counter.hist else torch.zeros(0, dtype=torch.int64, device=counter.device)
-    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-    dist.all_gather(gathered, local.contiguous())
-    return {"hist": [g.cpu().tolist() for g in gathered], "steps": int(counter.steps),
-            "buckets": list(counter.buckets)}
+def _predicted_load(stats, plan: dict, est) -> list:
+    """Per-rank measured load ``stats`` would give under ``plan`` (its boxes from the planner's estimate)."""
+    out = [0.0] * stats.world_size
+    for t in stats.tables:
+        boxes = [b for b, _, _ in est.shards[t.name]]
+        for r, x in enumerate(t.rank_load(boxes, plan[t.name].sharding_type, stats.world_size)):
+            out[r] += x
+    return out
 
 
-def counter_restore(sharded, snap: Optional[dict]) -> bool:
-    """Put this rank's saved counts back (same tables and world size only); False when not possible."""
-    counter = getattr(sharded, "_lookup_counter", None)
-    if counter is None or not snap or snap["buckets"] != list(counter.buckets) \
-            or len(snap["hist"]) != dist.get_world_size():
-        return False
-    mine = torch.tensor(snap["hist"][dist.get_rank()], dtype=torch.int64, device=counter.device)
-    counter.hist = [h.clone() for h in mine.split(list(counter.buckets))]
-    counter.steps = snap["steps"]
-    return True
+def fit_memory(changes: dict, plan: dict, stats, planner, tables) -> tuple[dict, str]:
+    """The part of a proposal that keeps every rank within ``planner.memory`` (weights + optimizer
+    state per rank) and lowers the predicted maximum measured load the most; ``({}, reason)`` when
+    nothing does. The proposal's moves are greedy and ordered, so every prefix is a candidate, and so
+    is the proposal without the moves that break the budget. Pure: the same on every rank."""
+    order = list(changes)
+    subsets, skipping = [order[:k] for k in range(len(order), 0, -1)], []
+    for n in order:   # the moves in order, each kept only if the layout so far still fits
+        if _fits(planner.estimate({**plan, **{m: changes[m] for m in skipping + [n]}}, tables), planner):
+            skipping.append(n)
+    subsets.append(skipping)
+    now = max(stats.per_rank())
+    best, over = None, None
+    for names in subsets:
+        cand = {**plan, **{n: changes[n] for n in names}}
+        est = planner.estimate(cand, tables)
+        if not _fits(est, planner):
+            over = over or _overflow(est, planner)
+            continue
+        if not names:
+            continue
+        peak = max(_predicted_load(stats, cand, est))
+        if peak < now * (1 - 1e-9) and (best is None or peak < best[0]):
+            best = (peak, names)
+    if best is None:
+        return {}, f"every proposed move would exceed the memory budget ({over}; --memory-per-rank-mb)" if over \
+            else "no move within the memory budget lowers the measured load"
+    kept = {n: changes[n] for n in best[1]}
+    left = [n for n in order if n not in kept]
+    return kept, (f"{len(left)} of {len(order)} proposed moves left out to stay within the memory budget "
+                  f"({over}): {', '.join(left)}" if left else "")
+
+
+def _fits(est, planner) -> bool:
+    return all(m <= cap for m, cap in zip(est.memory, planner.memory))
+
+
+def _overflow(est, planner) -> str:
+    r = max(range(len(est.memory)), key=lambda i: est.memory[i] - planner.memory[i])
+    return f"rank {r} would hold {_size(est.memory[r])} of {_size(planner.memory[r])}"
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{int(n):,} bytes"

@@ -32,6 +32,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=d.out, help="report folder (default %(default)s)")
     p.add_argument("--reshard-at", type=int, default=None,
                    help="step of the live reshard from measured load; 0 turns it off (default: half of --steps)")
+    p.add_argument("--reshard-min-window", type=int, default=d.reshard_min_window,
+                   help="steps of measured load the reshard needs on the current processes: after a resume or "
+                        "restart it waits until the new processes have measured this many (default %(default)s)")
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="save a checkpoint every K steps and at the end; 0 = never (default %(default)s)")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint folder (default: OUT/checkpoints)")
@@ -42,6 +45,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="data parallelism of the dense MLPs (default %(default)s)")
     p.add_argument("--rows", type=int, default=d.rows, help="rows of the largest table (default %(default)s)")
     p.add_argument("--dim", type=int, default=d.dim, help="embedding dimension (default %(default)s)")
+    p.add_argument("--memory-per-rank-mb", type=float, default=d.memory_per_rank_mb,
+                   help="embedding memory per rank in MiB (weights + optimizer state) that the plan, a resume and "
+                        "the live reshard must respect (default %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads per process (default: this host's cores / the ranks running on this host)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                   help="cuda (NCCL, one GPU per local process: cuda:LOCAL_RANK) or cpu (gloo); default: cuda when "
+                        "this machine has at least as many GPUs as local processes, else cpu")
     p.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
@@ -49,9 +60,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     return TrainConfig(steps=ns.steps, batch_size=ns.batch_size, out=ns.out, reshard_at=ns.reshard_at,
+                       reshard_min_window=ns.reshard_min_window,
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
-                       quiet=ns.quiet, collective_timeout=ns.collective_timeout)
+                       memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
 
 
 def check_output_paths(cfg: TrainConfig) -> None:
@@ -70,16 +82,20 @@ def check_output_paths(cfg: TrainConfig) -> None:
                              f"write to")
 
 
-def _init_process_group(timeout_s: float = 600.0):
-    """Join the group the launcher describes in the environment; device from the backend. A rank that
-    never joins a collective makes the others fail after ``timeout_s`` seconds instead of hanging."""
+def _init_process_group(timeout_s: float = 600.0, device_type: Optional[str] = None):
+    """Join the group the launcher describes in the environment, on ``device_type`` (``cuda``: NCCL on
+    ``cuda:LOCAL_RANK``; ``cpu``: gloo; None: :func:`~shardwise.train.host.choose_device` for this
+    machine). A rank that never joins a collective makes the others fail after ``timeout_s`` seconds
+    instead of hanging."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    use_cuda = torch.cuda.is_available()
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    from .host import choose_device, local_device
+
+    if device_type is None:
+        device_type = choose_device(None, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count())
+    local_device(device_type)
     if not dist.is_initialized():
-        backend = "nccl" if use_cuda else "gloo"
+        backend = "nccl" if device_type == "cuda" else "gloo"
         restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         if restart and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             # After an elastic restart the agent's store still holds the dead group's addresses under
@@ -91,8 +107,17 @@ def _init_process_group(timeout_s: float = 600.0):
                                     timeout=timedelta(seconds=timeout_s))
         else:
             dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    device_type = "cuda" if dist.get_backend() == "nccl" else "cpu"
     return init_device_mesh(device_type, (dist.get_world_size(),))
+
+
+def _set_threads(cfg: TrainConfig, mesh) -> None:
+    """Share the host's cores among the ranks on it (``--threads`` wins); collective."""
+    from .host import host_cores, ranks_on_this_host, threads_per_process
+
+    device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" \
+        else torch.device("cpu")
+    here = ranks_on_this_host(device)   # every rank takes part, also when --threads makes it moot
+    torch.set_num_threads(threads_per_process(host_cores(), here, cfg.threads))
 
 
 def run_worker(config_json: str) -> Optional[dict]:
@@ -106,16 +131,14 @@ def run_worker(config_json: str) -> Optional[dict]:
 
         # the launcher restarted the group after a failure: continue from the last committed checkpoint
         cfg.resume = latest(cfg.checkpoint_path) is not None
-    if not torch.cuda.is_available():
-        # local processes share the cores: one thread each avoids oversubscription
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     # import the job (and with it torch.distributed.nn) before the group exists: imported after, that
     # module's `group=WORLD` defaults keep the group alive past destroy_process_group, and its gloo
     # threads can then die at interpreter exit ("terminate called without an active exception")
     from .loop import Trainer
 
-    mesh = _init_process_group(cfg.collective_timeout)
+    mesh = _init_process_group(cfg.collective_timeout, cfg.device)
     try:
+        _set_threads(cfg, mesh)
         return Trainer(cfg, mesh).run()
     finally:
         gc.collect()  # drop finished work objects that still hold the group's tensors
@@ -131,6 +154,12 @@ def main(argv=None) -> int:
         p.error("not launched by torchrun (no RANK in the environment); use `shardwise train` locally or "
                 "`torchrun --nproc-per-node N -m shardwise.train.worker ...`")
     check_output_paths(cfg)
+    from .host import choose_device
+
+    try:   # the same device on every rank of this machine, decided before the group starts
+        cfg.device = choose_device(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count())
+    except ValueError as e:
+        p.error(str(e))
     run_worker(cfg.to_json())
     return 0
 

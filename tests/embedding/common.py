@@ -23,10 +23,9 @@ TABLES = [
 ]
 
 
-def make_ebc(seed: int = 0, weighted: bool = False) -> EmbeddingBagCollection:
-    torch.manual_seed(seed)
-    cfgs = [EmbeddingBagConfig(n, v, d, list(f), pooling=p) for n, v, d, f, p in TABLES]
-    return EmbeddingBagCollection(cfgs, is_weighted=weighted)
+def make_ebc(seed: int = 0, weighted: bool = False, device=None) -> EmbeddingBagCollection:
+    cfgs = [EmbeddingBagConfig(name=n, num_embeddings=v, embedding_dim=d, feature_names=list(f), pooling=p) for n, v, d, f, p in TABLES]
+    return EmbeddingBagCollection(cfgs, is_weighted=weighted, init_seed=seed, device=device)
 
 
 def all_features() -> list[str]:
@@ -85,8 +84,10 @@ def plans(world: int, mesh_hosts: int = 1) -> dict:
     return out
 
 
-def reference_train(ebc, optimizer, world: int, steps: int, weighted: bool, equal_batches: bool = False):
-    """The unsharded module trained on the global batch (per-rank losses summed) with a dense torch optimizer."""
+def reference_train(ebc, optimizer, world: int, steps: int, weighted: bool, equal_batches: bool = False,
+                    divided: bool = True):
+    """The unsharded module trained on the global batch with a dense torch optimizer: on the mean of
+    the per-rank losses (``divided``, what gradient division trains) or their sum."""
     ref = copy.deepcopy(ebc)
     opt = optimizer(ref.parameters())
     for step in range(steps):
@@ -94,7 +95,7 @@ def reference_train(ebc, optimizer, world: int, steps: int, weighted: bool, equa
         tgts = targets(world, step, [b.stride() for b in batches], sum(d * len(f) for _, _, d, f, _ in TABLES))
         opt.zero_grad()
         loss = sum(loss_fn(ref(b), t) for b, t in zip(batches, tgts))
-        loss.backward()
+        (loss / world if divided else loss).backward()
         opt.step()
     return {n: ref.embedding_bags[n].weight.detach().clone() for n, *_ in TABLES}
 
@@ -105,7 +106,8 @@ ADAGRAD = functools.partial(torch.optim.Adagrad, lr=0.1)
 
 def reference_train_touched_rows(ebc, optimizer, world: int, steps: int, weighted: bool):
     """torch.optim.Adam's own update applied to the rows the global batch touched (what a sparse,
-    fused Adam does): the rows are gathered into a parameter whose state is the rows' state."""
+    fused Adam does; mean of the per-rank losses): the rows are gathered into a parameter whose state
+    is the rows' state."""
     ref = copy.deepcopy(ebc)
     table_of = {f: n for n, _, _, fs, _ in TABLES for f in fs}
     state = {n: {} for n, *_ in TABLES}
@@ -113,7 +115,7 @@ def reference_train_touched_rows(ebc, optimizer, world: int, steps: int, weighte
         batches = rank_batches(world, step, weighted)
         tgts = targets(world, step, [b.stride() for b in batches], sum(d * len(f) for _, _, d, f, _ in TABLES))
         ref.zero_grad()
-        sum(loss_fn(ref(b), t) for b, t in zip(batches, tgts)).backward()
+        (sum(loss_fn(ref(b), t) for b, t in zip(batches, tgts)) / world).backward()
         for name, *_ in TABLES:
             ids = [b[f].values() for b in batches for f in b.keys() if table_of[f] == name]
             rows = torch.unique(torch.cat(ids)) if ids else torch.zeros(0, dtype=torch.int64)

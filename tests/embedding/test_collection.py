@@ -4,6 +4,7 @@ import functools
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from shardwise.embedding import (
     EmbeddingBagCollection, EmbeddingBagConfig, RowWiseAdagrad, column_wise, row_wise, table_wise,
@@ -55,13 +56,13 @@ def test_collection_errors():
         ebc(KeyedJaggedTensor(["nope"], torch.tensor([1]), lengths=torch.tensor([1]), weights=torch.ones(1)))
     with pytest.raises(ValueError, match="has no weights"):
         ebc(KeyedJaggedTensor(["fa1"], torch.tensor([1]), lengths=torch.tensor([1])))
-    a = EmbeddingBagConfig("a", 4, 2, ["f"])
+    a = EmbeddingBagConfig(name="a", num_embeddings=4, embedding_dim=2, feature_names=["f"])
     with pytest.raises(ValueError, match="feature 'f' is used by tables 'a' and 'b'"):
-        EmbeddingBagCollection([a, EmbeddingBagConfig("b", 4, 2, ["f"])])
+        EmbeddingBagCollection([a, EmbeddingBagConfig(name="b", num_embeddings=4, embedding_dim=2, feature_names=["f"])])
     with pytest.raises(ValueError, match="pooling='max' is not supported"):
-        EmbeddingBagConfig("c", 4, 2, ["g"], pooling="max")
+        EmbeddingBagConfig(name="c", num_embeddings=4, embedding_dim=2, feature_names=["g"], pooling="max")
     with pytest.raises(ValueError, match="num_embeddings=0 must be a positive int"):
-        EmbeddingBagConfig("c", 0, 2, ["g"])
+        EmbeddingBagConfig(name="c", num_embeddings=0, embedding_dim=2, feature_names=["g"])
 
 
 def test_plan_helper_errors():
@@ -100,7 +101,7 @@ def test_row_wise_adagrad_dense_rule():
 def test_state_dict_layout_detection():
     # which box layouts are exactly a DTensor placement (Replicate / Shard(0) / Shard(1)) on 1-D meshes
     from shardwise.embedding.plan import ShardBox
-    from shardwise.embedding.state import _placement
+    from shardwise.embedding.state_dict import _placement
 
     def rows(blocks):
         return [ShardBox("t", r, o, n, 0, 4) for r, (o, n) in enumerate(blocks)]
@@ -115,3 +116,78 @@ def test_state_dict_layout_detection():
     assert _placement(cols, (3, 4), 2, False) == "shard1"
     assert _placement([ShardBox("t", 0, 0, 3, 0, 4)], (3, 4), 2, False) is None       # table-wise
     assert _placement([ShardBox("t", r, 0, 3, 0, 4) for r in range(2)], (3, 4), 2, True) == "replicate"
+
+
+ODD_NAMES = ["items", "keys", "values", "type", "update", "training"]
+
+
+def _odd_ebc():
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+
+    torch.manual_seed(5)
+    return EmbeddingBagCollection([EmbeddingBagConfig(name=n, num_embeddings=7 + i, embedding_dim=4, feature_names=[f"f_{n}"]) for i, n in enumerate(ODD_NAMES)])
+
+
+def _odd_batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    keys = [f"f_{n}" for n in ODD_NAMES]
+    lengths = torch.randint(0, 3, (len(keys) * 2,), generator=g)
+    values = torch.cat([torch.randint(0, 7, (int(n),), generator=g) for n in lengths])
+    return KeyedJaggedTensor(keys, values, lengths=lengths)
+
+
+def test_table_names_that_are_module_attributes():
+    ebc = _odd_ebc()
+    assert [k.split(".")[1] for k in ebc.state_dict()] == ODD_NAMES
+    assert all(k == f"embedding_bags.{n}.weight" for k, n in zip(ebc.state_dict(), ODD_NAMES))
+    kjt = _odd_batch(0)
+    want = torch.cat([F.embedding_bag(kjt[f"f_{n}"].values(), ebc.embedding_bags[n].weight,
+                                      kjt[f"f_{n}"].offsets(), mode="sum", include_last_offset=True)
+                      for n in ODD_NAMES], dim=1)
+    assert torch.allclose(ebc(kjt).values(), want)
+    other = _odd_ebc()
+    with torch.no_grad():
+        for n in ODD_NAMES:
+            other.embedding_bags[n].weight.zero_()
+    other.load_state_dict(ebc.state_dict())
+    assert all(torch.equal(other.embedding_bags[n].weight, ebc.embedding_bags[n].weight) for n in ODD_NAMES)
+    assert ebc.embedding_bags.training is True and callable(ebc.embedding_bags.items)
+
+
+def odd_names_sharded(rank, world):
+    from shardwise.embedding import column_wise, data_parallel, row_wise, shard, table_wise
+
+    ebc = _odd_ebc()
+    plan = {"items": table_wise(0), "keys": row_wise(), "values": column_wise([0, 1]), "type": data_parallel(),
+            "update": table_wise(1), "training": row_wise()}
+    sharded = shard(ebc, plan)
+    kjt = _odd_batch(10 + rank)
+    err = (sharded(kjt).values() - ebc(kjt).values()).abs().max().item()
+    full = {k: v.full_tensor() for k, v in sharded.state_dict().items()}
+    same = all(torch.equal(full[k], v) for k, v in ebc.state_dict().items())
+    return err, same, sorted(full) == sorted(ebc.state_dict())
+
+
+def test_table_names_that_are_module_attributes_shard():
+    from shardwise.testing import run_on_ranks
+
+    for err, same, keys in run_on_ranks(odd_names_sharded, 2, timeout=120.0):
+        assert err < 1e-6 and same and keys
+
+
+def test_config_takes_torchrecs_field_order_and_data_type():
+    from shardwise.embedding import DataType
+
+    c = EmbeddingBagConfig(100, 8, "t", DataType.FP16, ["f"], 0.5, 0.25)
+    assert (c.num_embeddings, c.embedding_dim, c.name, c.feature_names) == (100, 8, "t", ("f",))
+    assert c.data_type is DataType.FP16 and (c.weight_init_max, c.weight_init_min) == (0.5, 0.25)
+    assert EmbeddingBagConfig(10, 4, "u", "bf16", ["g"]).data_type is DataType.BF16
+    ebc = EmbeddingBagCollection([c, EmbeddingBagConfig(10, 4, "u", feature_names=["g"])])
+    assert ebc.embedding_bags["t"].weight.dtype == torch.float16
+    assert ebc.embedding_bags["u"].weight.dtype == torch.float32
+    w = ebc.embedding_bags["t"].weight
+    assert w.min() >= 0.25 and w.max() <= 0.5
+    with pytest.raises(ValueError, match="data_type='int8' is not supported"):
+        EmbeddingBagConfig(10, 4, "t", "int8", ["f"])
+    with pytest.raises(ValueError, match="need_pos"):
+        EmbeddingBagConfig(10, 4, "t", feature_names=["f"], need_pos=True)

@@ -26,7 +26,8 @@ def test_forward_matches_unsharded(world, hosts):
     (4, 2, [(common.SGD, False), (common.ADAGRAD, True)]),
 ])
 def test_training_matches_dense_optimizer(world, hosts, cases):
-    # 3 steps of fused SGD / Adagrad == torch.optim on the unsharded module, global batch, summed losses
+    # 3 steps of fused SGD / Adagrad == torch.optim on the unsharded module, global batch, mean of the
+    # per-rank losses (gradient division, the default)
     results = run_on_ranks(workers.train_all_plans, world, hosts, PLANS, cases, timeout=300.0,
                            chunk_elements=16 if world == 3 else None)
     for rank, errors in enumerate(results):
@@ -85,3 +86,93 @@ def test_bad_batch_on_one_rank_raises_on_every_rank():
     assert "rank(s) [1]" in msgs0[0] and "features ['nope'] are not looked up" in msgs0[0]
     assert "rank(s) [0]" in msgs0[1] and "id 7 of feature 'fb' is outside its table's rows [0, 7)" in msgs0[1]
     assert err0 < 1e-6 and err1 < 1e-6
+
+
+def division_switch(rank, world):
+    """SGD on every plan type: the default divides by the world size (the mean of per-rank losses),
+    gradient_division=False sums (the summed losses); each against its own dense reference."""
+    from shardwise.embedding import shard
+
+    mesh = workers.mesh_for(world, 1)
+    ebc = common.make_ebc(seed=4)
+    out = {}
+    for divided in (True, False):
+        want = common.reference_train(ebc, common.SGD, world, 2, False, divided=divided)
+        sharded = shard(ebc, common.plans(world, 1)["mixed"], mesh=mesh, optimizer=common.SGD,
+                        gradient_division=divided)
+        for step in range(2):
+            batches = common.rank_batches(world, step, False)
+            tgts = common.targets(world, step, [b.stride() for b in batches],
+                                  sum(d * len(f) for _, _, d, f, _ in common.TABLES))
+            common.loss_fn(sharded(batches[rank]), tgts[rank]).backward()
+        sd = sharded.state_dict()
+        out[divided] = max((sd[f"embedding_bags.{t}.weight"].full_tensor() - w).abs().max().item()
+                           for t, w in want.items())
+    other = common.reference_train(ebc, common.SGD, world, 2, False, divided=False)
+    gap = max((other[t] - w).abs().max().item() for t, w in common.reference_train(
+        ebc, common.SGD, world, 2, False).items())
+    try:
+        shard(ebc, common.plans(world, 1)["mixed"], mesh=mesh, gradient_division="yes")
+        bad = None
+    except TypeError as exc:
+        bad = str(exc)
+    return out, gap, bad
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gradient_division_is_the_default_and_can_be_switched_off(world):
+    for out, gap, bad in run_on_ranks(division_switch, world, timeout=120.0):
+        assert out[True] < 1e-6 and out[False] < 1e-6, out
+        assert gap > 1e-4          # the two references differ, so each comparison can fail
+        assert bad is not None and "gradient_division='yes'" in bad
+
+
+def half_tables(rank, world):
+    """fp16 / bf16 tables: weights in that dtype, optimizer state in fp32, training close to the same
+    tables in fp32 (SGD: Adagrad's first step is +-lr whatever the gradient's size, so a sign flip of a
+    tiny gradient in half precision would be a full step), and a reshard moves both dtypes bit for bit."""
+    import functools
+
+    import torch
+
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, reshard, row_wise, shard, table_wise
+
+    mesh = workers.mesh_for(world, 1)
+    adagrad = functools.partial(torch.optim.Adagrad, lr=0.1)
+    out = {}
+    for dt in ("FP16", "BF16"):
+        mods = {}
+        for name in (dt, "FP32", dt + "/sgd", "FP32/sgd"):
+            cfgs = [EmbeddingBagConfig(n, d, t, name.split("/")[0], list(f), pooling=p)
+                    for t, n, d, f, p in common.TABLES]
+            ebc = EmbeddingBagCollection(cfgs, init_seed=8)
+            plan = {t: (table_wise(i % world) if i % 2 else row_wise()) for i, (t, *_) in enumerate(common.TABLES)}
+            mods[name] = shard(ebc, plan, mesh=mesh, optimizer=common.SGD if "sgd" in name else adagrad)
+            for step in range(2):
+                batches = common.rank_batches(world, step, False)
+                tgts = common.targets(world, step, [b.stride() for b in batches],
+                                      sum(d * len(f) for _, _, d, f, _ in common.TABLES))
+                common.loss_fn(mods[name](batches[rank]), tgts[rank]).float().backward()
+        half = mods[dt]
+        sd, opt = half.state_dict(), half.fused_optimizer.state_dict()["state"]
+        w = sd["embedding_bags.t_a.weight"].full_tensor()
+        s = opt["embedding_bags.t_a.weight"]["sum"].full_tensor()
+        err = max((mods[dt + "/sgd"].state_dict()[k].full_tensor().float() - v.full_tensor()).abs().max().item()
+                  for k, v in mods["FP32/sgd"].state_dict().items())
+        before = {k: v.full_tensor() for k, v in sd.items()}
+        stats = reshard(half, {t: table_wise((i + 1) % world) for i, (t, *_) in enumerate(common.TABLES)})
+        after = {k: v.full_tensor() for k, v in half.state_dict().items()}
+        sums = half.fused_optimizer.state_dict()["state"]["embedding_bags.t_a.weight"]["sum"].full_tensor()
+        out[dt] = (str(w.dtype), str(s.dtype), err, all(torch.equal(before[k], after[k]) for k in before),
+                   torch.equal(s, sums), stats.bytes_sent)
+    return out
+
+
+def test_half_precision_tables_keep_fp32_state():
+    for out in run_on_ranks(half_tables, 2, timeout=180.0):
+        for dt, tol, name in (("FP16", 5e-3, "torch.float16"), ("BF16", 3e-2, "torch.bfloat16")):
+            wdt, sdt, err, moved, sums, sent = out[dt]
+            assert (wdt, sdt) == (name, "torch.float32")
+            assert err < tol, (dt, err)
+            assert moved and sums
+            assert sum(sent) > 0

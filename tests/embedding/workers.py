@@ -39,7 +39,7 @@ def train_all_plans(rank, world, hosts, plan_names, cases, steps=3, compile_opti
                     chunk_elements=None):
     """Per (plan, optimizer, weighted): max abs weight error after ``steps`` fused steps vs the dense
     unsharded reference, and how far the reference moved (so a no-op update cannot pass)."""
-    from shardwise.embedding import shards
+    from shardwise.embedding.sharding import store as shards
 
     mesh = mesh_for(world, hosts)
     errors = {}
@@ -226,7 +226,7 @@ def forward_errors(rank, world):
 def dtensor_state_dict(rank, world):
     """State dict through our DTensor (forced on even without its checkpoint protocol): which keys
     became DTensors, and the max error of full_tensor() and of a load_state_dict round trip."""
-    from shardwise.embedding import state as state_mod
+    from shardwise.embedding import state_dict as state_mod
     from shardwise.tensor import DTensor, Replicate, Shard
 
     mesh = mesh_for(world, 1)

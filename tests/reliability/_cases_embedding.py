@@ -30,8 +30,8 @@ _ADAGRAD = functools.partial(torch.optim.Adagrad, lr=0.1)
 def _ebc(weighted=False):
     torch.manual_seed(0)
     return EmbeddingBagCollection([
-        EmbeddingBagConfig("ta", 10, 4, ["fa"]),
-        EmbeddingBagConfig("tb", 7, 4, ["fb"], pooling="mean"),
+        EmbeddingBagConfig(name="ta", num_embeddings=10, embedding_dim=4, feature_names=["fa"]),
+        EmbeddingBagConfig(name="tb", num_embeddings=7, embedding_dim=4, feature_names=["fb"], pooling="mean"),
     ], is_weighted=weighted)
 
 
@@ -107,7 +107,7 @@ def shard_plan_differs_one_rank(rank, world):
 def shard_tables_differ_one_rank(rank, world):
     rows = 11 if rank == world - 1 else 10
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection([EmbeddingBagConfig("ta", rows, 4, ["fa"]), EmbeddingBagConfig("tb", 7, 4, ["fb"])])
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="ta", num_embeddings=rows, embedding_dim=4, feature_names=["fa"]), EmbeddingBagConfig(name="tb", num_embeddings=7, embedding_dim=4, feature_names=["fb"])])
     mesh = short_timeout_mesh()
     return lambda: shard(ebc, _plan(), mesh=mesh)(_kjt()).values().sum().backward(), [ebc]
 
@@ -208,8 +208,8 @@ def dcp_load_into_other_tables(rank, world):
     path = Path(root[0])
     dcp.save({"model": s.state_dict()}, checkpoint_id=str(path))
     torch.manual_seed(0)
-    other = shard(EmbeddingBagCollection([EmbeddingBagConfig("ta", 12, 4, ["fa"]),
-                                          EmbeddingBagConfig("tb", 7, 4, ["fb"])]), _plan(), optimizer=_ADAGRAD)
+    other = shard(EmbeddingBagCollection([EmbeddingBagConfig(name="ta", num_embeddings=12, embedding_dim=4, feature_names=["fa"]),
+                                          EmbeddingBagConfig(name="tb", num_embeddings=7, embedding_dim=4, feature_names=["fb"])]), _plan(), optimizer=_ADAGRAD)
     _train_one_step(other)
 
     def call():
@@ -328,13 +328,13 @@ def reshard_rowwise_adagrad_to_columns(rank, world):
 
 
 def rebalance_bad_stats(rank, world):
-    from shardwise.embedding.rebalance import propose_rebalance
+    from shardwise.embedding.reshard import propose_rebalance
 
     return lambda: propose_rebalance({"ta": 3}, 1 << 20), []
 
 
 def rebalance_negative_budget(rank, world):
-    from shardwise.embedding.rebalance import load_stats, propose_rebalance
+    from shardwise.embedding.reshard import load_stats, propose_rebalance
 
     s = _sharded()
     _train_one_step(s)

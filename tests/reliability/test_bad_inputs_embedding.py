@@ -71,7 +71,7 @@ def test_sparse_constructors_reject_malformed_batches(make, exc, fragment):
     assert fragment.lower() in str(e.value).lower()
 
 
-_TABLES = [EmbeddingBagConfig(f"t{i}", 1000 * (i + 1), 8, [f"f{i}"]) for i in range(3)]
+_TABLES = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=8, feature_names=[f"f{i}"]) for i in range(3)]
 
 
 @pytest.mark.parametrize("make, exc, fragment", [
@@ -90,9 +90,9 @@ _TABLES = [EmbeddingBagConfig(f"t{i}", 1000 * (i + 1), 8, [f"f{i}"]) for i in ra
         {"t0": "rw", "t1": row_wise(), "t2": row_wise()}, _TABLES), TypeError, "ParameterSharding"),
     (lambda: column_wise([0, 0]), ValueError, "repeat a rank"),
     (lambda: table_wise(-1), ValueError, "non-negative int"),
-    (lambda: EmbeddingBagConfig("t.x", 10, 4, ["f"]), ValueError, "without '.'"),
-    (lambda: EmbeddingBagConfig("t", 0, 4, ["f"]), ValueError, "positive int"),
-    (lambda: EmbeddingBagConfig("t", 10, 4, ["f"], pooling="max"), ValueError, "not supported"),
+    (lambda: EmbeddingBagConfig(name="t.x", num_embeddings=10, embedding_dim=4, feature_names=["f"]), ValueError, "without '.'"),
+    (lambda: EmbeddingBagConfig(name="t", num_embeddings=0, embedding_dim=4, feature_names=["f"]), ValueError, "positive int"),
+    (lambda: EmbeddingBagConfig(name="t", num_embeddings=10, embedding_dim=4, feature_names=["f"], pooling="max"), ValueError, "not supported"),
 ])
 def test_planner_and_plan_helpers_reject_bad_input(make, exc, fragment):
     with pytest.raises(exc) as e:
@@ -101,7 +101,7 @@ def test_planner_and_plan_helpers_reject_bad_input(make, exc, fragment):
 
 
 def _plan_on_rank(rank, world):
-    tables = [EmbeddingBagConfig(f"t{i}", 500 * (i % 4 + 1), 8 * (i % 3 + 1), [f"f{i}"]) for i in range(12)]
+    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=500 * (i % 4 + 1), embedding_dim=8 * (i % 3 + 1), feature_names=[f"f{i}"]) for i in range(12)]
     plan = EmbeddingShardingPlanner(world, 2**22, batch_size_per_rank=64).plan(tables)
     return {name: repr(ps) for name, ps in plan.items()}
 

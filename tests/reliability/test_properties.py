@@ -142,8 +142,8 @@ def _reshard_round_trip(rank, world, targets, sizes, seed):
             "cw": lambda: column_wise(list(range(world))[::-1]), "dp": data_parallel}
     torch.manual_seed(seed)
     (rows_a, dim_a), (rows_b, dim_b) = sizes
-    ebc = EmbeddingBagCollection([EmbeddingBagConfig("ta", rows_a, dim_a, ["fa"]),
-                                  EmbeddingBagConfig("tb", rows_b, dim_b, ["fb"], pooling="mean")])
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="ta", num_embeddings=rows_a, embedding_dim=dim_a, feature_names=["fa"]),
+                                  EmbeddingBagConfig(name="tb", num_embeddings=rows_b, embedding_dim=dim_b, feature_names=["fb"], pooling="mean")])
     s = shard(ebc, {"ta": row_wise(), "tb": table_wise(world - 1)},
               optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))
     g = torch.Generator().manual_seed(seed + rank)   # each rank its own batch, as in training

@@ -39,9 +39,9 @@ def _model(world):
     from shardwise.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     torch.manual_seed(0)
-    ebc = EmbeddingBagCollection([EmbeddingBagConfig("ta", 200, 8, ["fa"]),
-                                  EmbeddingBagConfig("tb", 50, 8, ["fb"], pooling="mean"),
-                                  EmbeddingBagConfig("tc", 20, 8, ["fc"])])
+    ebc = EmbeddingBagCollection([EmbeddingBagConfig(name="ta", num_embeddings=200, embedding_dim=8, feature_names=["fa"]),
+                                  EmbeddingBagConfig(name="tb", num_embeddings=50, embedding_dim=8, feature_names=["fb"], pooling="mean"),
+                                  EmbeddingBagConfig(name="tc", num_embeddings=20, embedding_dim=8, feature_names=["fc"])])
     sparse = shard(ebc, {"ta": row_wise(), "tb": table_wise(world - 1), "tc": data_parallel()},
                    optimizer=functools.partial(torch.optim.Adagrad, lr=0.05))
     dense = torch.nn.Sequential(torch.nn.Linear(24 + 4, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))

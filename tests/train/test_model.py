@@ -1,4 +1,4 @@
-"""DLRM dense arch against explicit loops, rank AUC against pair counting, load meter, checkpoints."""
+"""DLRM dense arch against explicit loops, rank AUC against pair counting, checkpoints."""
 
 import itertools
 import json
@@ -7,10 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from shardwise.embedding import ShardBox, data_parallel, row_wise
-from shardwise.sparse import KeyedJaggedTensor
 from shardwise.train import checkpoint as ckpt
-from shardwise.train.load import LoadMeter
 from shardwise.train.model import DenseArch, auc
 
 
@@ -41,17 +38,6 @@ def test_auc_matches_pair_counting(pairs):
         assert got != got   # nan
     else:
         assert got == pytest.approx(_pair_auc(s, y))
-
-
-def test_load_meter_counts_rows_per_shard():
-    boxes = [ShardBox("t", 0, 0, 5, 0, 4), ShardBox("t", 1, 5, 5, 0, 4),
-             ShardBox("d", 0, 0, 3, 0, 2), ShardBox("d", 1, 0, 3, 0, 2)]
-    meter = LoadMeter(boxes, {"t": row_wise(), "d": data_parallel()}, rank=0, world=2, device=torch.device("cpu"))
-    kjt = KeyedJaggedTensor(["a", "b"], torch.tensor([0, 1, 7, 4, 2, 1]), lengths=torch.tensor([2, 2, 1, 1]))
-    meter.observe(kjt, {"a": "t", "b": "d"})
-    totals = meter.totals()
-    assert totals == [3.0, 1.0, 2.0, 0.0]          # ids 0,1,4 | 7 ; replicated d: this rank's 2 ids
-    assert meter.per_rank(totals) == [3 * 4 + 2 * 2, 1 * 4]
 
 
 def test_checkpoint_ignores_cut_off_saves(tmp_path):

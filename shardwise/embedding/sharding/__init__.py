@@ -1,8 +1,8 @@
 """One module per sharding type; each supplies a layout and a factory of its three stages."""
 
-from ..plan import ShardingType
+from ..plan.values import ShardingType
 from . import column_wise, data_parallel, row_wise, table_row_wise, table_wise
-from .base import Sharder, Stages
+from .base import LayoutTopology, Sharder, Stages
 
 SHARDERS: dict = {
     ShardingType.DATA_PARALLEL: data_parallel.SHARDER,
@@ -12,4 +12,4 @@ SHARDERS: dict = {
     ShardingType.TABLE_ROW_WISE: table_row_wise.SHARDER,
 }
 
-__all__ = ["SHARDERS", "Sharder", "Stages"]
+__all__ = ["SHARDERS", "Sharder", "Stages", "LayoutTopology"]

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..plan import ShardBox, chunk_sizes
+from ..plan.values import LayoutTopology, ShardBox, chunk_sizes  # noqa: F401  (LayoutTopology re-exported)
 
-__all__ = ["Sharder", "Stages", "check_rank", "row_blocks"]
+__all__ = ["Sharder", "Stages", "LayoutTopology", "check_rank", "row_blocks"]
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,14 @@ class Stages:
 
 @dataclass(frozen=True)
 class Sharder:
-    """``layout(config, sharding, topology) -> [ShardBox]``;
+    """One sharding type, the single source of its shard boxes:
+    ``layout(config, sharding, topology) -> [ShardBox]`` (every rank's boxes, empty ones included);
+    ``sharding_of(boxes, topology) -> ParameterSharding`` (the inverse: the sharding those boxes came from);
     ``build(routing, topology, store, anchor, weighted, dtype) -> Stages``."""
 
     layout: Callable
     build: Callable
+    sharding_of: Callable
     local_only: bool = False        # routing keeps ids on their own rank (data parallel)
     replicated: bool = False        # every rank holds the whole table; gradients are all-reduced
 

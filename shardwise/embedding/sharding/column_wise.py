@@ -3,9 +3,8 @@ pooled column blocks come back with one all-to-all, landing side by side."""
 
 from __future__ import annotations
 
-from ..plan import chunk_sizes
-from ..plan import ShardBox
-from ..stages import AllToAllOutputDist, GroupedLookup, InputDist
+from ..plan.values import ShardBox, chunk_sizes, column_wise
+from .stages import AllToAllOutputDist, GroupedLookup, InputDist
 from .base import Sharder, Stages, check_rank
 
 
@@ -23,5 +22,8 @@ def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
     return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
                   AllToAllOutputDist(routing, topo, anchor, dtype))
 
+def sharding_of(boxes, topo):
+    return column_wise(tuple(b.rank for b in boxes))
 
-SHARDER = Sharder(layout, build)
+
+SHARDER = Sharder(layout, build, sharding_of)

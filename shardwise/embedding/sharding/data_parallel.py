@@ -3,8 +3,8 @@ the touched rows' gradients so every replica applies the same update."""
 
 from __future__ import annotations
 
-from ..plan import ShardBox
-from ..stages import GroupedLookup, InputDist, LocalOutputDist
+from ..plan.values import ShardBox, data_parallel
+from .stages import GroupedLookup, InputDist, LocalOutputDist
 from .base import Sharder, Stages
 
 
@@ -18,5 +18,8 @@ def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
                   GroupedLookup(store, anchor),
                   LocalOutputDist(routing, topo, anchor, dtype))
 
+def sharding_of(boxes, topo):
+    return data_parallel()
 
-SHARDER = Sharder(layout, build, local_only=True, replicated=True)
+
+SHARDER = Sharder(layout, build, sharding_of, local_only=True, replicated=True)

@@ -3,7 +3,8 @@ partial sum and the partials are reduce-scattered (NCCL) or all-to-all'ed and ad
 
 from __future__ import annotations
 
-from ..stages import GroupedLookup, InputDist, ReduceScatterOutputDist
+from ..plan.values import row_wise
+from .stages import GroupedLookup, InputDist, ReduceScatterOutputDist
 from .base import Sharder, Stages, check_rank, row_blocks
 
 
@@ -18,5 +19,8 @@ def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
     return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
                   ReduceScatterOutputDist(routing, topo, anchor, dtype))
 
+def sharding_of(boxes, topo):
+    return row_wise(tuple(b.rank for b in boxes))
 
-SHARDER = Sharder(layout, build)
+
+SHARDER = Sharder(layout, build, sharding_of)

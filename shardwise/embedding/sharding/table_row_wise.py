@@ -7,8 +7,9 @@ from typing import Optional
 
 import torch
 
-from ..comm import AllToAll
-from ..stages import AllToAllOutputDist, GroupedLookup, InputDist, Routed, _blocks, _send_buffer
+from .comm import AllToAll
+from ..plan.values import table_row_wise
+from .stages import AllToAllOutputDist, GroupedLookup, InputDist, Routed, _blocks, _send_buffer
 from .base import Sharder, Stages, row_blocks
 
 
@@ -71,5 +72,8 @@ def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
     return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
                   TwoLevelOutputDist(routing, topo, anchor, dtype))
 
+def sharding_of(boxes, topo):
+    return table_row_wise(list(topo.hosts).index(tuple(b.rank for b in boxes)))
 
-SHARDER = Sharder(layout, build)
+
+SHARDER = Sharder(layout, build, sharding_of)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..plan import ShardBox
-from ..stages import AllToAllOutputDist, GroupedLookup, InputDist
+from ..plan.values import ShardBox, table_wise
+from .stages import AllToAllOutputDist, GroupedLookup, InputDist
 from .base import Sharder, Stages, check_rank
 
 
@@ -18,5 +18,8 @@ def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
     return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
                   AllToAllOutputDist(routing, topo, anchor, dtype))
 
+def sharding_of(boxes, topo):
+    return table_wise(boxes[0].rank)
 
-SHARDER = Sharder(layout, build)
+
+SHARDER = Sharder(layout, build, sharding_of)

@@ -1,0 +1,189 @@
+"""Optimizers fused into backward: sparse row updates on local shards.
+
+Each rule applies exactly its torch class's update to the rows a batch touched (rows that were not
+touched keep their weights and state, as with sparse gradients).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+STATE_DTYPE = torch.float32    # optimizer state and the update's arithmetic, whatever the weights' dtype
+
+__all__ = ["RowWiseAdagrad", "FusedRule", "resolve_optimizer"]
+
+
+class RowWiseAdagrad(torch.optim.Optimizer):
+    """Adagrad with one accumulator per embedding row (the mean of the row's squared gradient).
+
+    Saves ``dim``x the optimizer memory of Adagrad. Works densely on ordinary 2-D parameters too,
+    which is how its fused sharded version is tested.
+
+    Example:
+        >>> opt = functools.partial(RowWiseAdagrad, lr=0.1)   # pass to shard(..., optimizer=opt)
+    """
+
+    def __init__(self, params, lr: float = 0.01, eps: float = 1e-10, initial_accumulator_value: float = 0.0):
+        if lr <= 0 or eps < 0:
+            raise ValueError(f"RowWiseAdagrad: lr={lr} must be > 0 and eps={eps} >= 0")
+        super().__init__(params, dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.dim() != 2:
+                    raise ValueError(f"RowWiseAdagrad needs 2-D parameters (rows x dim), got shape {tuple(p.shape)}")
+                state = self.state[p]
+                if not state:
+                    state["sum"] = torch.full((p.shape[0],), float(group["initial_accumulator_value"]),
+                                              dtype=p.dtype, device=p.device)
+                grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+                rows = torch.arange(p.shape[0], device=p.device)
+                row_wise_adagrad_update(p, state, rows, grad, group)
+        return loss
+
+
+# Rows are unique, so gather (index_select) -> compute in place -> write back (index_copy_) is exact;
+# those row ops are several times faster on CPU than advanced indexing (t[rows], t[rows] = x) and
+# than index_add_, which CPU runs as one small add per row.
+
+def _add_rows(t: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float) -> None:
+    """t[rows] += alpha * delta for unique rows (the same arithmetic as index_add_)."""
+    t.index_copy_(0, rows, t.index_select(0, rows).add_(delta, alpha=alpha))
+
+
+def sgd_update(weight, state, rows, grad, hp):
+    _add_rows(weight, rows, grad, -hp["lr"])
+
+
+def adagrad_update(weight, state, rows, grad, hp):
+    clr = hp["lr"] / (1 + (state["step"] - 1) * hp["lr_decay"])
+    acc = state["sum"].index_select(0, rows).addcmul_(grad, grad, value=1)
+    state["sum"].index_copy_(0, rows, acc)
+    std = acc.sqrt_().add_(hp["eps"])
+    _add_rows(weight, rows, grad.div(std), -clr)
+
+
+def adam_update(weight, state, rows, grad, hp):
+    step = state["step"]
+    beta1, beta2 = hp["betas"]
+    m = state["exp_avg"].index_select(0, rows).lerp_(grad, 1 - beta1)
+    v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    state["exp_avg"].index_copy_(0, rows, m)
+    state["exp_avg_sq"].index_copy_(0, rows, v)
+    step_size = hp["lr"] / (1 - beta1 ** step)
+    denom = v.sqrt_().div_(math.sqrt(1 - beta2 ** step)).add_(hp["eps"])
+    _add_rows(weight, rows, m.div_(denom), -step_size)
+
+
+def row_wise_adagrad_update(weight, state, rows, grad, hp):
+    acc = state["sum"].index_select(0, rows) + (grad * grad).mean(dim=1)
+    state["sum"].index_copy_(0, rows, acc)
+    std = acc.sqrt_().add_(hp["eps"])
+    _add_rows(weight, rows, grad / std.unsqueeze(1), -hp["lr"])
+
+
+# Tensor-only kernels for torch.compile: coefficients arrive as one tensor so that a changing step
+# (Adam's bias correction) does not recompile. Inductor fuses gather, math and scatter into one loop.
+
+def sgd_kernel(weight, rows, grad, c):
+    weight.index_add_(0, rows, (grad * -c[0]).to(weight.dtype))
+
+
+def adagrad_kernel(weight, acc_state, rows, grad, c):
+    acc = acc_state.index_select(0, rows) + grad * grad
+    acc_state.index_copy_(0, rows, acc)
+    weight.index_add_(0, rows, (grad / (acc.sqrt() + c[1]) * -c[0]).to(weight.dtype))
+
+
+def adam_kernel(weight, m_state, v_state, rows, grad, c):
+    m = m_state.index_select(0, rows) * c[0] + grad * (1 - c[0])
+    v = v_state.index_select(0, rows) * c[1] + grad * grad * (1 - c[1])
+    m_state.index_copy_(0, rows, m)
+    v_state.index_copy_(0, rows, v)
+    weight.index_add_(0, rows, (m / (v.sqrt() / c[3] + c[4]) * -c[2]).to(weight.dtype))
+
+
+def row_wise_adagrad_kernel(weight, acc_state, rows, grad, c):
+    acc = acc_state.index_select(0, rows) + (grad * grad).mean(dim=1)
+    acc_state.index_copy_(0, rows, acc)
+    weight.index_add_(0, rows, (grad / (acc.sqrt() + c[1]).unsqueeze(1) * -c[0]).to(weight.dtype))
+
+
+def _adagrad_coeffs(hp, step):
+    return [hp["lr"] / (1 + (step - 1) * hp["lr_decay"]), hp["eps"]]
+
+
+def _adam_coeffs(hp, step):
+    beta1, beta2 = hp["betas"]
+    return [beta1, beta2, hp["lr"] / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step), hp["eps"]]
+
+
+@dataclass(frozen=True)
+class FusedRule:
+    """A supported optimizer: its eager update, its compilable kernel with the kernel's
+    coefficients, its per-row state (name -> "elem" same shape as weight | "row" one per row), and
+    the hyper-parameter values it cannot honour on touched rows only."""
+
+    name: str
+    update: Callable
+    state_shapes: dict
+    init_values: Callable       # hp -> {state name: initial fill value}
+    forbidden: dict             # hp name -> the only accepted value
+    kernel: Callable
+    coeffs: Callable            # (hp, step) -> list of floats for the kernel
+    row_state: bool = False
+
+
+_RULES = {
+    torch.optim.SGD: FusedRule(
+        "SGD", sgd_update, {}, lambda hp: {},
+        {"momentum": 0, "weight_decay": 0, "maximize": False, "nesterov": False},
+        sgd_kernel, lambda hp, step: [hp["lr"]]),
+    torch.optim.Adagrad: FusedRule(
+        "Adagrad", adagrad_update, {"sum": "elem"}, lambda hp: {"sum": hp["initial_accumulator_value"]},
+        {"weight_decay": 0, "maximize": False}, adagrad_kernel, _adagrad_coeffs),
+    torch.optim.Adam: FusedRule(
+        "Adam", adam_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
+        lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
+        {"weight_decay": 0, "maximize": False, "amsgrad": False}, adam_kernel, _adam_coeffs),
+    RowWiseAdagrad: FusedRule(
+        "RowWiseAdagrad", row_wise_adagrad_update, {"sum": "row"},
+        lambda hp: {"sum": hp["initial_accumulator_value"]}, {}, row_wise_adagrad_kernel,
+        lambda hp, step: [hp["lr"], hp["eps"]], row_state=True),
+}
+
+
+def resolve_optimizer(optimizer) -> tuple[FusedRule, dict]:
+    """Turn ``functools.partial(torch.optim.Adagrad, lr=0.1)`` (or a bare class) into (rule, hyper-params).
+
+    The class is instantiated once on a dummy parameter so its own defaults fill the hyper-parameters.
+    """
+    if optimizer is None:
+        raise ValueError("optimizer is None")
+    try:
+        probe = optimizer([torch.nn.Parameter(torch.zeros(1, 1))])
+    except Exception as exc:
+        raise TypeError(f"optimizer={optimizer!r} must be a torch optimizer class or a functools.partial of "
+                        f"one, e.g. functools.partial(torch.optim.Adagrad, lr=0.1) ({exc})") from exc
+    rule = _RULES.get(type(probe))
+    if rule is None:
+        names = ", ".join(r.name for r in _RULES.values())
+        raise ValueError(f"optimizer {type(probe).__name__} cannot be fused into the embedding backward; "
+                         f"supported: {names}")
+    hp = {k: v for k, v in probe.param_groups[0].items() if k != "params"}
+    for key, only in rule.forbidden.items():
+        if key in hp and hp[key] is not None and hp[key] != only:
+            raise ValueError(f"{rule.name}({key}={hp[key]!r}) is not supported fused: the sparse update touches "
+                             f"only the rows in a batch, so {key} would diverge from dense {rule.name}; "
+                             f"use {key}={only!r}")
+    hp["lr"] = float(hp["lr"])
+    return rule, hp

@@ -1,0 +1,10 @@
+"""Plans: how each table is laid out over ranks (values), and a planner that chooses one."""
+
+from .values import (
+    ParameterSharding, ShardBox, ShardingType, chunk_sizes, column_wise, data_parallel, row_wise, table_row_wise,
+    table_wise,
+)
+from .planner import EmbeddingShardingPlanner, PlanEstimate, rank_ranges  # noqa: E402  (after the values it uses)
+
+__all__ = ["ParameterSharding", "ShardBox", "ShardingType", "chunk_sizes", "column_wise", "data_parallel",
+           "row_wise", "table_row_wise", "table_wise", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges"]

@@ -1,0 +1,225 @@
+"""The move of a reshard: every piece from the old stores into the new ones, one way for every backend.
+
+What crosses the wire (weights and every optimizer-state tensor of the moved rows) is cut, per
+(source, destination) pair, into messages of at most ``chunk_bytes``, in the order of the shared
+piece list, so both ends cut alike. Message k of every pair travels in round k: one
+``batch_isend_irecv`` per round, on gloo and NCCL alike. A message that is one contiguous view on
+its side goes straight from the old store (send) or into the new store (receive); anything else --
+column slices, several small pieces -- is packed into a round buffer or unpacked from one.
+
+Round k+1 is packed while round k is on the wire, and round k is unpacked while round k+1 is, so at
+most two rounds of buffers exist at once: transient memory is bounded by 2 rounds x 2 directions x
+peers x ``chunk_bytes`` whatever the size of the move. The new stores are new memory, so no write can
+clobber bytes still to be read: there is no ordering hazard to track and no helper thread.
+
+Example (the cut is plain data; pieces from :func:`~shardwise.embedding.reshard.pieces.plan_pieces`):
+    >>> import torch
+    >>> a = torch.zeros(3, 4)
+    >>> msgs = cut_messages([Item(0, 1, 3, 16, a, None)], chunk_bytes=32)
+    >>> [(m.nbytes, [s.rows for s in m.segments]) for m in msgs]
+    [(32, [(0, 2)]), (16, [(2, 3)])]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .pieces import cut, piece_numel
+
+__all__ = ["CHUNK_BYTES", "Item", "Segment", "Message", "cut_messages", "exchange", "local_index"]
+
+CHUNK_BYTES = 16 << 20   # per message: large enough that per-message latency is noise, small enough to bound memory
+
+
+@dataclass
+class Item:
+    """``rows`` rows of ``row_bytes`` bytes each going from ``src`` to ``dst``; ``src_view`` /
+    ``dst_view`` are the tensors on this rank's side (None on the other side)."""
+
+    src: int
+    dst: int
+    rows: int
+    row_bytes: int
+    src_view: Optional[torch.Tensor]
+    dst_view: Optional[torch.Tensor]
+
+
+@dataclass
+class Segment:
+    item: Item
+    rows: tuple            # [r0, r1) of the item
+    offset: int            # byte offset in the message
+
+    def view(self, side: str) -> torch.Tensor:
+        t = self.item.src_view if side == "src" else self.item.dst_view
+        return t[self.rows[0]:self.rows[1]]
+
+    @property
+    def nbytes(self) -> int:
+        return (self.rows[1] - self.rows[0]) * self.item.row_bytes
+
+
+@dataclass
+class Message:
+    segments: list = field(default_factory=list)
+    nbytes: int = 0
+
+    def add(self, item: Item, r0: int, r1: int) -> None:
+        offset = -(-self.nbytes // 8) * 8 if self.segments else 0   # 8-byte aligned for any dtype view
+        self.segments.append(Segment(item, (r0, r1), offset))
+        self.nbytes = offset + (r1 - r0) * item.row_bytes
+
+
+def cut_messages(items: list, chunk_bytes: int) -> list:
+    """Messages of one (source, destination) pair: items' rows in order, at most ``chunk_bytes`` per
+    message (a single row larger than that travels alone). A pure function of shared data."""
+    out, cur = [], Message()
+    for it in items:
+        r = 0
+        while r < it.rows:
+            start = -(-cur.nbytes // 8) * 8 if cur.segments else 0
+            take = min(it.rows - r, max(0, chunk_bytes - start) // max(1, it.row_bytes))
+            if take == 0 and cur.segments:
+                out.append(cur)
+                cur = Message()
+                continue
+            take = max(take, 1)
+            cur.add(it, r, r + take)
+            r += take
+    if cur.segments:
+        out.append(cur)
+    return out
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1).view(torch.uint8)
+
+
+def _direct(msg: Message, side: str) -> Optional[torch.Tensor]:
+    """The message's bytes in place (one contiguous segment), else None."""
+    if len(msg.segments) != 1:
+        return None
+    v = msg.segments[0].view(side)
+    return _bytes(v) if v.is_contiguous() else None
+
+
+class _Round:
+    """One round's sends and receives on this rank: buffers packed, ops posted, then unpacked."""
+
+    def __init__(self, k: int, sends: dict, recvs: dict, device):
+        self.k, self.sends, self.recvs, self.device = k, sends, recvs, device
+        self.buffers, self.unpack, self.reqs, self.bytes = {}, [], [], 0
+
+    def pack(self) -> None:
+        for peer, msg in self.sends.items():
+            buf = _direct(msg, "src")
+            if buf is None:
+                buf = torch.empty(msg.nbytes, dtype=torch.uint8, device=self.device)
+                self.bytes += msg.nbytes
+                for s in msg.segments:
+                    v = s.view("src")
+                    buf[s.offset:s.offset + s.nbytes].view(v.dtype).view(v.shape).copy_(v)
+            self.buffers[("send", peer)] = buf
+        for peer, msg in self.recvs.items():
+            buf = _direct(msg, "dst")
+            if buf is None:
+                buf = torch.empty(msg.nbytes, dtype=torch.uint8, device=self.device)
+                self.bytes += msg.nbytes
+                self.unpack.append((buf, msg))
+            self.buffers[("recv", peer)] = buf
+
+    def post(self, group) -> None:
+        ops = [dist.P2POp(dist.isend if what == "send" else dist.irecv, buf, dist.get_global_rank(group, peer),
+                          group, self.k)
+               for (what, peer), buf in sorted(self.buffers.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
+        self.reqs = dist.batch_isend_irecv(ops) if ops else []
+
+    def wait(self) -> None:
+        for req in self.reqs:
+            req.wait()
+        self.reqs = []
+
+    def finish(self) -> None:
+        for buf, msg in self.unpack:
+            for s in msg.segments:
+                v = s.view("dst")
+                v.copy_(buf[s.offset:s.offset + s.nbytes].view(v.dtype).view(v.shape))
+        self.buffers.clear()
+        self.unpack.clear()
+
+
+def _items(pieces: list, kinds: list, me: int, views) -> tuple[dict, list]:
+    """({(src, dst): [Item]} for the pairs this rank is in, [(src view, dst view)] local copies)."""
+    pairs, local = {}, []
+    for p in pieces:
+        if me not in (p.src, p.dst):
+            continue
+        for what, kind in kinds:
+            if not piece_numel(p, kind):
+                continue
+            src = cut(views(p.src_box, what, old=True), p.src_box, p, kind) if p.src == me else None
+            dst = cut(views(p.dst_box, what, old=False), p.dst_box, p, kind) if p.dst == me else None
+            if p.src == p.dst:
+                local.append((src, dst))
+                continue
+            t = src if src is not None else dst
+            row_bytes = t.element_size() * (t[0].numel() if t.dim() > 1 else 1)
+            pairs.setdefault((p.src, p.dst), []).append(Item(p.src, p.dst, p.r1 - p.r0, row_bytes, src, dst))
+    return pairs, local
+
+
+def _rounds(pairs: dict, me: int, chunk_bytes: int) -> list:
+    """[(sends {peer: Message}, receives {peer: Message})] per round."""
+    rounds: list = []
+    for (src, dst), items in sorted(pairs.items()):
+        for k, msg in enumerate(cut_messages(items, chunk_bytes)):
+            while len(rounds) <= k:
+                rounds.append(({}, {}))
+            if src == me:
+                rounds[k][0][dst] = msg
+            else:
+                rounds[k][1][src] = msg
+    return rounds
+
+
+@torch.no_grad()
+def exchange(pieces: list, kinds: list, views, me: int, group, device, chunk_bytes: int = CHUNK_BYTES) -> dict:
+    """Copy every piece from the old stores into the new ones; collective over ``group``.
+
+    ``views(box, what, old)`` returns the rows of ``box`` in an old (``old=True``) or new store for the
+    weights (``what=None``) or a state tensor. Returns ``{"bytes_local": ..., "transient_peak": ...}``:
+    bytes copied without the wire and the most bytes of round buffers alive at once on this rank.
+    """
+    pairs, local = _items(pieces, kinds, me, views)
+    rounds = [_Round(k, s, r, device) for k, (s, r) in enumerate(_rounds(pairs, me, chunk_bytes))]
+    peak = 0
+    if rounds:
+        rounds[0].pack()
+        rounds[0].post(group)
+        peak = rounds[0].bytes
+    for src, dst in local:         # while round 0 is on the wire
+        dst.copy_(src)
+    for k, rnd in enumerate(rounds):
+        nxt = rounds[k + 1] if k + 1 < len(rounds) else None
+        if nxt is not None:
+            nxt.pack()             # while round k is on the wire
+            peak = max(peak, rnd.bytes + nxt.bytes)
+        rnd.wait()
+        if nxt is not None:
+            nxt.post(group)
+        rnd.finish()               # unpack round k while round k+1 is on the wire
+    local_bytes = sum(s.numel() * s.element_size() for s, _ in local)
+    return {"bytes_local": local_bytes, "transient_peak": peak}
+
+
+def local_index(groups) -> dict:
+    """{my box: (store, index in store)} over ``groups``."""
+    out = {}
+    for g in groups:
+        for i in g.store.loc:
+            out[g.store.boxes[i]] = (g.store, i)
+    return out

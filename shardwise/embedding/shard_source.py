@@ -1,0 +1,79 @@
+"""Where a new shard's values come from: a copy out of a collection built with storage (checked
+alike on every rank, or broadcast from one rank), or the seeded init of a meta-built collection.
+
+A collection built with storage holds whole tables on every rank, and each rank copies out only its
+own shards. Ranks whose tables differ (seeded differently, loaded from other files) would silently
+assemble a sharded table that is no rank's model, and data-parallel replicas would diverge from the
+first step. So ``shard()`` compares a sha256 digest of every table across ranks and raises naming the
+tables that differ, or, with ``src_rank``, first broadcasts every table from that rank (in place: the
+caller's unsharded collection then matches that rank's too). Meta-built collections need neither:
+their values are a pure function of (``init_seed``, table name, row).
+
+Example:
+    >>> sharded = shard(ebc, plan, src_rank=0)     # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Optional, Union
+
+import torch
+import torch.distributed as dist
+
+from .collection.init import fill_rows
+from .sharding.comm import all_gather_ints
+
+__all__ = ["shard_source", "check_or_broadcast"]
+
+
+def shard_source(ebc, tables: list) -> Union[dict, Callable]:
+    """``{table: whole weight}`` for a collection with storage, else ``fill(box, out)``."""
+    if not ebc.is_meta:
+        return {t.name: ebc.embedding_bags[t.name].weight.detach() for t in tables}
+    by_name = {t.name: t for t in tables}
+
+    def fill(box, out: torch.Tensor) -> None:
+        t = by_name[box.table]
+        fill_rows(out, t, ebc.init_seed, box.row_offset, box.col_offset)
+        if t.init_fn is not None:     # per shard, as TorchRec applies it
+            t.init_fn(out)
+    return fill
+
+
+def _digest(t: torch.Tensor) -> list:
+    h = hashlib.sha256()
+    flat = t.detach().reshape(-1)
+    step = 1 << 24                    # bounded temporaries for tensors off the CPU
+    for s in range(0, flat.numel(), step):
+        part = flat[s:s + step].contiguous().cpu()
+        h.update(part.view(torch.uint8).numpy().data if part.numel() else b"")
+    return list(h.digest()[:8])
+
+
+def check_or_broadcast(ebc, topo, src_rank: Optional[int]) -> None:
+    """Collective over the mesh's group: make sure every rank copies shards out of the same tables."""
+    if ebc.is_meta:
+        return
+    names = [t.name for t in ebc.tables]
+    if src_rank is not None:
+        with torch.no_grad():
+            for n in names:
+                w = ebc.embedding_bags[n].weight
+                buf = w.data if w.device == topo.device else w.data.to(topo.device)
+                dist.broadcast(buf, dist.get_global_rank(topo.group, src_rank), group=topo.group)
+                if buf is not w.data:
+                    w.data.copy_(buf)
+        return
+    mine = [b for n in names for b in _digest(ebc.embedding_bags[n].weight)]
+    rows = all_gather_ints(mine, topo.world_size, topo.group, topo.device)
+    differ = {}
+    for k, n in enumerate(names):
+        ranks = [r for r in range(topo.world_size) if rows[r][8 * k:8 * k + 8] != rows[0][8 * k:8 * k + 8]]
+        if ranks:
+            differ[n] = ranks
+    if differ:
+        raise ValueError(f"shard(): the unsharded tables differ across ranks ({', '.join(f'{n!r} on ranks {r}' for n, r in differ.items())} "
+                         f"differ from rank 0), so the shards would mix different models; build the collection "
+                         f"with the same init_seed and weights on every rank, build it on the meta device, or pass "
+                         f"shard(..., src_rank=0) to broadcast rank 0's tables first")

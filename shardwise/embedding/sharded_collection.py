@@ -1,0 +1,353 @@
+"""ShardedEmbeddingBagCollection and shard(): model-parallel embedding bags over a process group."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..sparse import KeyedJaggedTensor, KeyedTensor
+from .collection.bag_collection import EmbeddingBagCollection, check_features
+from .sharding.comm import all_gather_ints
+from .optim.fused import FusedOptimizer
+from .optim.rules import resolve_optimizer
+from .plan.values import ParameterSharding, ShardBox, ShardingType
+from .reshard.load import LookupCounter
+from .sharding.routing import GroupSpec, Routing
+from .optim.rules import STATE_DTYPE
+from .sharding.store import ShardStore
+from .sharding import SHARDERS, Stages
+from .shard_source import check_or_broadcast, shard_source
+from .state_dict import copy_into_shards, wrap_shards
+from .topology import Topology
+
+__all__ = ["ShardedEmbeddingBagCollection", "shard"]
+
+
+@dataclass
+class _Group:
+    sharding_type: ShardingType
+    spec: GroupSpec
+    routing: Routing
+    store: ShardStore
+    stages: Stages
+    replicated: bool
+
+
+def _check_plan(ebc: EmbeddingBagCollection, plan: dict) -> None:
+    if not isinstance(plan, dict):
+        raise TypeError(f"plan must be a dict {{table name: ParameterSharding}}, got {type(plan).__name__}")
+    names = [t.name for t in ebc.tables]
+    missing = [n for n in names if n not in plan]
+    extra = sorted(k for k in plan if k not in names)
+    if missing or extra:
+        raise ValueError(f"plan must place every table exactly once: missing {missing}, unknown {extra}; "
+                         f"tables are {names}")
+    for name in names:
+        if not isinstance(plan[name], ParameterSharding):
+            raise TypeError(f"plan[{name!r}] must be a ParameterSharding (e.g. table_wise(0)), "
+                            f"got {plan[name]!r}")
+
+
+class ShardedEmbeddingBagCollection(nn.Module):
+    """An EmbeddingBagCollection whose tables are split over ranks; built by :func:`shard`.
+
+    ``forward(kjt)`` takes this rank's local batch and returns what the unsharded module returns
+    for it. Training: call ``backward`` on the loss; the fused optimizer updates the local shards
+    during backward (there is no separate ``step``).
+
+    Example:
+        >>> sharded = shard(ebc, {"t0": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))  # doctest: +SKIP
+        >>> kt = sharded(local_kjt); loss_fn(kt.values()).backward()                                   # doctest: +SKIP
+        >>> sharded.state_dict()["embedding_bags.t0.weight"].full_tensor().shape                        # doctest: +SKIP
+    """
+
+    def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None,
+                 compile_optimizer: bool = False, gradient_division: bool = True):
+        super().__init__()
+        self._tables = ebc.tables
+        self._is_weighted = ebc.is_weighted
+        self._topo = topo
+        self._features = ebc.feature_names()
+        self._dims = [t.embedding_dim for t in self._tables for _ in t.feature_names]
+        cols, start = {}, 0
+        for f, d in zip(self._features, self._dims):
+            cols[f], start = start, start + d
+        self._total_dim = start
+        self._mean_mask = [t.pooling == "mean" for t in self._tables for _ in t.feature_names]
+        self._rows = {f: t.num_embeddings for t in self._tables for f in t.feature_names}
+        rule, hp = resolve_optimizer(optimizer) if optimizer is not None else (None, None)
+        self._compile = bool(compile_optimizer)
+        # TorchRec's default: each rank's embedding gradient divided by the world size (the gradient of
+        # the mean of per-rank losses, as DDP averages the dense part)
+        self.gradient_division = bool(gradient_division)
+        self._grad_scale = 1.0 / topo.world_size if gradient_division else 1.0
+        self._check_rule(rule, plan)
+        weights = shard_source(ebc, self._tables)
+        self._dtype = ebc.embedding_bags[self._tables[0].name].weight.dtype
+        # A leaf that every backward collective hangs on, so ranks without shards still take part.
+        self._anchor = torch.empty(0, device=topo.device, requires_grad=True)
+        self._groups: list[_Group] = []
+        for st in ShardingType:   # enum order: the same group order on every rank
+            tables = [t for t in self._tables if plan[t.name].sharding_type == st]
+            if tables:
+                self._groups.append(self._build_group(st, tables, plan, cols, weights, rule, hp))
+        self.fused_optimizer = FusedOptimizer(self, rule, hp)
+        # per-table id counts of every forward, for load_stats() / propose_rebalance()
+        self._lookup_counter = LookupCounter(self._tables, topo.device)
+        self.register_forward_pre_hook(self._lookup_counter.hook)
+
+    @staticmethod
+    def _check_rule(rule, plan) -> None:
+        if rule is not None and rule.row_state:
+            cw = sorted(n for n, ps in plan.items() if ps.sharding_type == ShardingType.COLUMN_WISE)
+            if cw:
+                raise ValueError(f"{rule.name} keeps one accumulator per row, but column-wise tables {cw} split "
+                                 f"rows over ranks; use Adagrad or another sharding type for them")
+
+    def _build_group(self, st, tables, plan, cols, weights, rule, hp) -> _Group:
+        topo, sharder = self._topo, SHARDERS[st]
+        boxes = [b for t in tables for b in sharder.layout(t, plan[t.name], topo)]
+        spec = GroupSpec(tables, boxes, cols, self._total_dim)
+        routing = Routing(spec, topo.world_size, topo.rank if sharder.local_only else None)
+        store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
+                           sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
+                           dtype=self._dtype, grad_scale=self._grad_scale)
+        stages = sharder.build(routing, topo, store, self._anchor, self._is_weighted, self._dtype)
+        return _Group(st, spec, routing, store, stages, sharder.replicated)
+
+    @property
+    def tables(self):
+        return list(self._tables)
+
+    @property
+    def optimizer(self) -> FusedOptimizer:
+        """The fused optimizer (``state_dict()`` / ``load_state_dict()``); same as ``fused_optimizer``."""
+        return self.fused_optimizer
+
+    def load_stats(self, reset: bool = False):
+        """Collective: ids looked up per table since construction (or the last reshard / reset),
+        summed over ranks, as a :class:`~shardwise.embedding.reshard.load.LoadStats` -- per table: ids
+        per step in row buckets and per asking rank, the current boxes and bytes per element. It is
+        the input of :func:`~shardwise.embedding.propose_rebalance`.
+
+        Example:
+            >>> sharded.load_stats().per_rank()          # doctest: +SKIP
+            [5120.0, 1024.0]
+        """
+        from .reshard.load import load_stats
+        return load_stats(self, reset)
+
+    def reshard(self, changes: dict, **kwargs):
+        """Collective: move tables to new shardings with all their optimizer state; see
+        :func:`shardwise.embedding.reshard`.
+
+        Example:
+            >>> sharded.reshard({"t0": row_wise()}).bytes_sent   # doctest: +SKIP
+        """
+        from .reshard.api import reshard
+        return reshard(self, changes, **kwargs)
+
+    def _reset_load_stats(self) -> None:
+        self._lookup_counter.reset()
+
+    def sharding_plan(self) -> dict:
+        """``{table: ParameterSharding}`` that reproduces the current boxes, in config order (each
+        sharding class reads its own boxes back).
+
+        Example:
+            >>> sharded.sharding_plan()["t0"]                    # doctest: +SKIP
+            ParameterSharding(sharding_type=<ShardingType.ROW_WISE: 'row_wise'>, ranks=(0, 1), host_index=None)
+        """
+        out = {}
+        for g in self._groups:
+            for t in g.spec.tables:
+                boxes = [b for b in g.spec.boxes if b.table == t.name]
+                out[t.name] = SHARDERS[g.sharding_type].sharding_of(boxes, self._topo)
+        return {t.name: out[t.name] for t in self._tables}
+
+    def boxes(self) -> list[ShardBox]:
+        """Every shard of every table (all ranks), the single source of the routing."""
+        return [b for g in self._groups for b in g.spec.boxes]
+
+    def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
+        topo = self._topo
+        problem = self._check_batch(kjt)
+        batch = kjt.stride() if problem is None else 0
+        # One small all-gather carries batch sizes and "my batch is bad" flags, so a bad batch on
+        # one rank makes every rank raise the same error instead of leaving the others hanging.
+        rows = all_gather_ints([batch, int(problem is not None)], topo.world_size, topo.group, topo.device)
+        if any(flag for _, flag in rows):
+            self._raise_everywhere(problem, [r for r, (_, flag) in enumerate(rows) if flag])
+        kjt = kjt.to(topo.device) if kjt.values().device != topo.device else kjt
+        sizes = [b for b, _ in rows]
+        blocks: dict = {}
+        for g in self._groups:
+            routed = g.stages.input_dist(kjt, sizes)
+            pooled = g.stages.lookup(routed)
+            for f, c0, blk in g.stages.output_dist(pooled, routed, batch, sizes):
+                blocks.setdefault(f, []).append((c0, blk))
+        pieces = [self._assemble(f, blocks.get(f, []), batch, kjt if mean else None)
+                  for f, mean in zip(self._features, self._mean_mask)]
+        return KeyedTensor(self._features, self._dims, torch.cat(pieces, dim=1))
+
+    def _check_batch(self, kjt) -> Optional[str]:
+        """This rank's problem with its batch (None if fine): type, features, weights, id range."""
+        try:
+            check_features(kjt, self._features, self._is_weighted)
+        except (ValueError, TypeError) as exc:
+            return f"{type(exc).__name__}: {exc}"
+        keys, per_key = kjt.keys(), kjt.length_per_key()
+        if not keys or kjt.values().numel() == 0:
+            return None
+        limit = torch.tensor([self._rows[k] for k in keys], device=kjt.values().device)
+        limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device),
+                                        output_size=kjt.values().numel())
+        bad = (kjt.values() < 0) | (kjt.values() >= limit)
+        if bool(bad.any()):
+            i = int(torch.nonzero(bad)[0])
+            key = keys[next(k for k, end in enumerate(kjt.offset_per_key()[1:]) if i < end)]
+            return (f"ValueError: id {int(kjt.values()[i])} of feature {key!r} is outside its table's rows "
+                    f"[0, {self._rows[key]}); fix the id or enlarge num_embeddings")
+        return None
+
+    def _raise_everywhere(self, problem: Optional[str], bad_ranks: list) -> None:
+        messages = [None] * self._topo.world_size
+        dist.all_gather_object(messages, problem, group=self._topo.group)
+        detail = "; ".join(f"rank {r}: {messages[r]}" for r in bad_ranks)
+        raise ValueError(f"forward: the local batch of rank(s) {bad_ranks} is invalid, so no rank ran the "
+                         f"lookup ({detail})")
+
+    def _assemble(self, feature: str, parts: list, batch: int, mean_kjt) -> torch.Tensor:
+        """One feature's [batch, dim] output: add row-block partials, place column blocks."""
+        by_col: dict = {}
+        for c0, blk in parts:   # arrival order is fixed by the routing, so sums are deterministic
+            by_col[c0] = blk if c0 not in by_col else by_col[c0] + blk
+        if not by_col:
+            dim = self._dims[self._features.index(feature)]
+            return torch.zeros(batch, dim, dtype=self._dtype, device=self._topo.device)
+        cols = [by_col[c] for c in sorted(by_col)]
+        out = cols[0] if len(cols) == 1 else torch.cat(cols, dim=1)
+        if mean_kjt is not None and feature in mean_kjt.keys():
+            k = mean_kjt.keys().index(feature)
+            n = mean_kjt.lengths()[k * batch:(k + 1) * batch].clamp(min=1).to(self._dtype)
+            out = out / n.unsqueeze(1)
+        return out
+
+    # ---- state ----------------------------------------------------------------------------------
+    def _table_shards(self, what: Optional[str] = None, per_row: bool = False):
+        """Per table: (config, all boxes, {my box: view}, replicated, group) for the weights
+        (``what=None``) or an optimizer state buffer (``per_row``: one value per row)."""
+        out = []
+        for g in self._groups:
+            for t in g.spec.tables:
+                boxes = [b for b in g.spec.boxes if b.table == t.name]
+                local = {}
+                for b in boxes:
+                    if b.rank != self._topo.rank:
+                        continue
+                    if b in g.routing.boxes:
+                        local[b] = g.store.box_view(g.routing.boxes.index(b), what)
+                    else:
+                        shape = (b.row_size,) if per_row else (b.row_size, b.col_size)  # one is 0
+                        dtype = self._dtype if what is None else STATE_DTYPE
+                        local[b] = torch.zeros(shape, dtype=dtype, device=self._topo.device)
+                out.append((t, boxes, local, g.replicated, g))
+        order = {t.name: i for i, t in enumerate(self._tables)}
+        return sorted(out, key=lambda x: order[x[0].name])
+
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
+        """``{prefix + "embedding_bags.<table>.weight": DTensor | ShardedTable}`` viewing the live shards."""
+        out = OrderedDict() if destination is None else destination
+        for t, boxes, local, replicated, _ in self._table_shards():
+            size = (t.num_embeddings, t.embedding_dim)
+            out[f"{prefix}embedding_bags.{t.name}.weight"] = wrap_shards(boxes, local, size, self._topo,
+                                                                         replicated, self._dtype)
+        return out
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Copy weights from DTensors, ShardedTables or whole plain tensors into the local shards."""
+        keys = [f"embedding_bags.{t.name}.weight" for t in self._tables]
+        missing = [k for k in keys if k not in state_dict]
+        unexpected = sorted(k for k in state_dict if k not in keys)
+        if strict and (missing or unexpected):
+            raise ValueError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}; pass "
+                             f"strict=False to load a subset")
+        for t in self._tables:   # every value first: a bad later table must not leave earlier ones loaded
+            key, size = f"embedding_bags.{t.name}.weight", (t.num_embeddings, t.embedding_dim)
+            if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
+                raise TypeError(f"{key}: a {type(state_dict[key]).__name__} is not a tensor; load tensors, "
+                                f"DTensors or ShardedTables of shape {size} (nothing was loaded)")
+            if key in state_dict and tuple(state_dict[key].shape) != size:
+                raise ValueError(f"{key}: shape {tuple(state_dict[key].shape)} does not match the table's {size}; "
+                                 f"load a state dict of the same tables (nothing was loaded)")
+        for t, boxes, local, replicated, _ in self._table_shards():
+            key = f"embedding_bags.{t.name}.weight"
+            if key in state_dict:
+                copy_into_shards(state_dict[key], boxes, local, (t.num_embeddings, t.embedding_dim),
+                                 self._topo, replicated, key)
+        return missing, unexpected
+
+
+def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology, src_rank=None,
+                           gradient_division=True) -> None:
+    """Ranks given other tables or another plan would build other routing and exchange garbage in the
+    first forward; one all-gather of a digest makes them all raise here instead."""
+    mesh = topo.mesh
+    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank,
+                                                                  gradient_division))
+    text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
+    digest = list(hashlib.sha256(text.encode()).digest()[:16])
+    # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
+    # would otherwise run the check itself on different groups and wait there
+    covers_all = topo.world_size == dist.get_world_size()
+    group, n = (dist.group.WORLD, dist.get_world_size()) if covers_all else (topo.group, topo.world_size)
+    rows = all_gather_ints(digest, n, group, topo.device)
+    differ = [r for r in range(n) if rows[r] != rows[0]]
+    if differ:
+        raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
+                         f"rank 0; every rank must call shard() with the same EmbeddingBagConfigs, plan, mesh, init_seed, "
+                         f"src_rank and device (meta or not)")
+
+
+def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
+          compile_optimizer: bool = False, src_rank: Optional[int] = None,
+          gradient_division: bool = True) -> ShardedEmbeddingBagCollection:
+    """Shard ``ebc`` over ``mesh`` (default: all ranks of the default process group) per ``plan``.
+
+    Each rank materialises only its own shards: copied out of ``ebc``'s tables when it was built with
+    storage (every table's digest is compared across ranks first and differing tables raise, unless
+    ``src_rank`` names a rank whose tables are broadcast to the others, in place), or drawn from the
+    seeded init when ``ebc`` was built with ``device="meta"`` (nothing the size of a table is ever
+    allocated; the values are the same as an eager build with the same ``init_seed``). ``optimizer`` is
+    fused into backward, e.g. ``functools.partial(torch.optim.Adagrad, lr=0.1)``.
+    ``gradient_division=True`` (TorchRec's default) divides every embedding gradient by the world
+    size: training then follows the mean of the per-rank losses, like DDP's dense gradients;
+    ``False`` keeps the sum (the gradient of the summed losses).
+    ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step); it is
+    opt-in because it is not a clear win over the default eager update in our benchmarks (see
+    docs/embedding.md), and the first step pays a compile of tens of seconds.
+
+    Example:
+        >>> sharded = shard(ebc, {"t0": table_wise(0), "t1": row_wise()},
+        ...                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))   # doctest: +SKIP
+        >>> sharded(local_kjt).values().sum().backward()                          # doctest: +SKIP
+    """
+    if not isinstance(ebc, EmbeddingBagCollection):
+        raise TypeError(f"shard() expects an EmbeddingBagCollection, got {type(ebc).__name__}")
+    _check_plan(ebc, plan)
+    topo = Topology.from_mesh(mesh)
+    if src_rank is not None and (not isinstance(src_rank, int) or isinstance(src_rank, bool)
+                                 or not 0 <= src_rank < topo.world_size):
+        raise ValueError(f"shard(): src_rank={src_rank!r} must be a rank of the mesh (0..{topo.world_size - 1}) or None")
+    if not isinstance(gradient_division, bool):
+        raise TypeError(f"shard(): gradient_division={gradient_division!r} must be True (divide by the world "
+                        f"size, TorchRec's default) or False (sum)")
+    _check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
+    check_or_broadcast(ebc, topo, src_rank)
+    return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer, gradient_division)
