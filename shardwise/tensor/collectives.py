@@ -83,6 +83,18 @@ def _group(mesh: DeviceMesh, mesh_dim: int):
     return mesh.get_group(mesh_dim)
 
 
+_PROCESS_GROUP = dist.ProcessGroup
+
+
+def _apis(group) -> tuple:
+    """(functional collectives, c10d) for ``group``: torch's, or the ones a group object brings itself
+    (``simulated_collectives``: the rule validator's thread ranks, validate/thread_ranks.py). Chosen by
+    the group a call is given, so a simulation never replaces anything another caller sees."""
+    if isinstance(group, _PROCESS_GROUP):
+        return funcol, dist
+    return getattr(group, "simulated_collectives", None) or (funcol, dist)
+
+
 def _pad_dim(x: torch.Tensor, dim: int, size: int) -> torch.Tensor:
     if x.shape[dim] == size:
         return x
@@ -101,14 +113,15 @@ def all_reduce(
     # gloo has no AVG: reduce with SUM and scale
     op = "sum" if reduce_op == "avg" else reduce_op
     group = _group(mesh, mesh_dim)
+    fc, c10d = _apis(group)
     if inplace:
         # the c10d op itself: donation never happens under tracing, and the functional in-place op
         # costs a Python autograd layer per call
         with _explained("all_reduce", mesh, mesh_dim):
-            dist.all_reduce(x, op=_C10D_OPS[op], group=group)
+            c10d.all_reduce(x, op=_C10D_OPS[op], group=group)
         return x.div_(mesh.size(mesh_dim)) if reduce_op == "avg" else x
     with _explained("all_reduce", mesh, mesh_dim):
-        out = funcol.wait_tensor(funcol.all_reduce(x.contiguous(), op, group))
+        out = fc.wait_tensor(fc.all_reduce(x.contiguous(), op, group))
     if reduce_op == "avg":
         out = out / mesh.size(mesh_dim)
     return out
@@ -120,8 +133,10 @@ def all_gather_dim(x: torch.Tensor, dim: int, full: int, mesh: DeviceMesh, mesh_
     n = mesh.size(mesh_dim)
     chunk = -(-full // n) if full else 0
     padded = _pad_dim(x, dim, chunk).contiguous()
+    group = _group(mesh, mesh_dim)
+    fc = _apis(group)[0]
     with _explained("all_gather", mesh, mesh_dim):
-        out = funcol.wait_tensor(funcol.all_gather_single(padded, 0, _group(mesh, mesh_dim)))
+        out = fc.wait_tensor(fc.all_gather_single(padded, 0, group))
     if dim != 0:
         out = torch.cat(torch.chunk(out, n, dim=0), dim=dim)
     # trimming the padding of an inner dim leaves a strided view; views downstream need contiguous
@@ -145,8 +160,10 @@ def reduce_scatter_dim(
     if dim != 0:
         # stack the n chunks of `dim` along dim 0 so the collective scatters them in rank order
         padded = torch.cat(torch.chunk(padded, n, dim=dim), dim=0)
+    group = _group(mesh, mesh_dim)
+    fc = _apis(group)[0]
     with _explained("reduce_scatter", mesh, mesh_dim):
-        out = funcol.wait_tensor(funcol.reduce_scatter_single(padded.contiguous(), "sum", 0, _group(mesh, mesh_dim)))
+        out = fc.wait_tensor(fc.reduce_scatter_single(padded.contiguous(), "sum", 0, group))
     if reduce_op == "avg":
         out = out / n
     return out.narrow(dim, 0, length) if length != chunk else out
@@ -170,8 +187,10 @@ def all_to_all_dims(
     x = _pad_dim(_pad_dim(x, src_dim, src_chunk), dst_dim, dst_chunk * n)
     pieces = torch.stack(torch.chunk(x, n, dim=dst_dim), dim=0).contiguous()
     split = [pieces.shape[0] // n] * n
+    group = _group(mesh, mesh_dim)
+    fc = _apis(group)[0]
     with _explained("all_to_all", mesh, mesh_dim):
-        out = funcol.wait_tensor(funcol.all_to_all_single(pieces, split, split, _group(mesh, mesh_dim)))
+        out = fc.wait_tensor(fc.all_to_all_single(pieces, split, split, group))
     # out[k] is rank k's src chunk of my dst piece; concatenating along src_dim rebuilds that dim
     out = torch.cat(out.unbind(0), dim=src_dim).narrow(src_dim, 0, src_full)
     _, length = chunk_range(dst_full, n, coord)
@@ -184,8 +203,9 @@ def mesh_max(x: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     """Element-wise max of ``x`` over every rank of ``mesh`` (a new tensor): the max along mesh dim 0,
     then of those along dim 1, ... is the max over the whole mesh."""
     for m in range(mesh.ndim):
+        fc = _apis(_group(mesh, m))[0]
         with _explained("all_reduce", mesh, m):
-            x = funcol.wait_tensor(funcol.all_reduce(x, "max", _group(mesh, m)))
+            x = fc.wait_tensor(fc.all_reduce(x, "max", _group(mesh, m)))
     return x
 
 
@@ -195,8 +215,9 @@ def mesh_gather_rows(row: torch.Tensor, mesh: DeviceMesh) -> torch.Tensor:
     the row and sort by it."""
     rows = row.reshape(1, -1)
     for m in range(mesh.ndim):
+        fc = _apis(_group(mesh, m))[0]
         with _explained("all_gather", mesh, m):
-            rows = funcol.wait_tensor(funcol.all_gather_single(rows.contiguous(), 0, _group(mesh, m)))
+            rows = fc.wait_tensor(fc.all_gather_single(rows.contiguous(), 0, _group(mesh, m)))
     return rows
 
 

@@ -2,9 +2,10 @@
 
 Local kernels that issue collectives (through ``shardwise.tensor.collectives``) can then be checked
 on simulated ranks too. Each rank runs in its own thread with a mesh whose ``get_group`` returns a
-shared group object; while :func:`simulated_collectives` is active, the functional collectives that
-``collectives.py`` calls are replaced by exchanges through that group, written from the definitions
-of the collectives (independently of the code under test).
+shared ``SimGroup``; ``collectives.py`` sees that the group brings its own collectives
+(``simulated_collectives``: exchanges through the group, written from the definitions of the
+collectives, independently of the code under test) and uses them for that call only. Nothing
+process-wide is replaced, so real collectives elsewhere are untouched while the validator runs.
 
 >>> import torch
 >>> from shardwise.tensor.collectives import all_reduce
@@ -16,16 +17,14 @@ of the collectives (independently of the code under test).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import threading
 
 import torch
+import torch.distributed
 
-from .. import collectives as _collectives
-
-__all__ = ["SimGroup", "NotSimulated", "run_ranks", "simulated_collectives"]
+__all__ = ["SimGroup", "NotSimulated", "run_ranks"]
 
 _local = threading.local()
 _TIMEOUT_S = 20.0
@@ -146,19 +145,8 @@ class _Dist:
         return _Done() if async_op else None
 
 
-@contextlib.contextmanager
-def simulated_collectives():
-    """Route ``shardwise.tensor.collectives`` (functional and c10d calls) through SimGroups. Only the
-    validator's thread ranks use it; nothing else may issue collectives meanwhile."""
-    fakes = {"funcol": _Funcol(), "dist": _Dist(getattr(_collectives, "dist", None))}
-    real = {name: getattr(_collectives, name) for name in fakes if hasattr(_collectives, name)}
-    for name in real:
-        setattr(_collectives, name, fakes[name])
-    try:
-        yield
-    finally:
-        for name, module in real.items():
-            setattr(_collectives, name, module)
+# what shardwise.tensor.collectives calls on a SimGroup (see collectives._apis)
+SimGroup.simulated_collectives = (_Funcol(), _Dist(torch.distributed))
 
 
 class _ThreadMesh:
@@ -200,12 +188,11 @@ def run_ranks(mesh_shape, fn) -> list:
             for g in groups.values():
                 g.barrier.abort()
 
-    with simulated_collectives():
-        threads = [threading.Thread(target=body, args=(i, c), daemon=True) for i, c in enumerate(ranks)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    threads = [threading.Thread(target=body, args=(i, c), daemon=True) for i, c in enumerate(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
     first = next((e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)), None)
     first = first or next((e for e in errors if e is not None), None)
     if first is not None:

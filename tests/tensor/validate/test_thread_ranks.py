@@ -57,3 +57,38 @@ def test_a_failing_simulated_rank_does_not_hang():
 
     with pytest.raises(ZeroDivisionError, match="rank 1"):
         run_ranks(3, kernel)
+
+
+def _real_collective_while_thread_ranks_run(rank, world):
+    import threading
+
+    from shardwise.testing.harness import worker_mesh
+
+    mesh = worker_mesh((world,), "cpu")
+    inside, release = threading.Event(), threading.Event()
+
+    def kernel(sim_rank, sim_mesh):
+        out = all_reduce(torch.tensor([float(sim_rank)]), "sum", sim_mesh, 0)
+        if sim_rank == 0:
+            inside.set()
+            release.wait(30)
+        return out
+
+    results = []
+    t = threading.Thread(target=lambda: results.append(run_ranks(3, kernel)))
+    t.start()
+    try:
+        assert inside.wait(30)
+        # the simulation is running in other threads: a real collective here still goes to gloo
+        real = all_reduce(torch.tensor([float(rank + 1)]), "sum", mesh, 0).item()
+    finally:
+        release.set()
+        t.join(30)
+    return real, [x.item() for x in results[0]]
+
+
+def test_thread_ranks_leave_real_collectives_alone():
+    from shardwise.testing.harness import run_on_ranks
+
+    for real, simulated in run_on_ranks(_real_collective_while_thread_ranks_run, 2):
+        assert real == 3.0 and simulated == [3.0, 3.0, 3.0]
