@@ -99,15 +99,17 @@ def resume_point(cfg) -> Path:
         raise ValueError(f"--resume: no committed checkpoint under {cfg.checkpoint_path!r}; run without "
                          f"--resume first (with --checkpoint-every K) or pass the --out of that run")
     meta = read_meta(path)
-    if "story" not in meta:
-        raise ValueError(f"--resume: {path} was written by an older shardwise (its meta has no run story: segments, "
-                         f"load windows, reshards); start a new run in another --out")
     saved = json.loads(meta["config"])
     # table shapes must match what was saved; batch size, dense mode and world size may change
-    differ = [f"--{k} {saved[k]} (now {getattr(cfg, k)})" for k in ("rows", "dim") if saved[k] != getattr(cfg, k)]
+    keys = ("rows", "dim", "num_embeddings_per_feature", "max_rows")
+    differ = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(cfg, k)})" for k in keys
+              if saved.get(k) != getattr(cfg, k)]
     if differ:
         raise ValueError(f"--resume: {path} was saved with {', '.join(differ)}; resume with the same table "
                          f"sizes or start a new run in another --out")
+    if "story" not in meta:
+        raise ValueError(f"--resume: {path} was written by an older shardwise (its meta has no run story: segments, "
+                         f"load windows, reshards); start a new run in another --out")
     return path
 
 
