@@ -237,3 +237,43 @@ def test_a_dead_worker_is_named_with_the_way_to_resume(tmp_path, monkeypatch, ca
     m = json.loads((out / "metrics.json").read_text())
     assert m["steps"] == 8 and m["resumes"] == 1 and m["restarts"] == 0
     assert [(s["kind"], s["first_step"], s["last_step"]) for s in m["segments"]] == [("start", 0, 4), ("resume", 4, 8)]
+
+
+def _write_log(path, seed: int, n: int) -> None:
+    """A Criteo-format log (missing values included); ``.gz`` paths are gzip-compressed."""
+    import gzip
+
+    data = SyntheticClicks(seed, default_cardinalities(300)).batch(0, n)
+    rng = np.random.default_rng(seed)
+    lines = []
+    for d, ids, y in zip(data.dense, data.ids, data.labels):
+        ints = ["" if rng.random() < 0.2 else str(int(v)) for v in d]
+        cats = ["" if i < 0 or rng.random() < 0.2 else format(int(i) * 2654435761 % 2**32, "08x") for i in ids]
+        lines.append("\t".join([str(int(y)), *ints, *cats]))
+    text = "\n".join(lines) + "\n"
+    if str(path).endswith(".gz"):
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+
+
+def test_table_sizes_and_held_out_eval_from_the_user(tmp_path):
+    train, held = tmp_path / "day_0.tsv", tmp_path / "day_1.tsv"
+    _write_log(train, 1, 300)
+    _write_log(held, 2, 120)
+    sizes = [7 + 13 * i for i in range(26)]
+    m = _train(tmp_path / "r", "--data", str(train), "--eval-data", str(held), "--steps", "6", "--batch-size", "32",
+               "--num-embeddings-per-feature", ",".join(map(str, sizes)), "--max-rows", "200",
+               "--checkpoint-every", "0", "--reshard-at", "0", "--dense-parallel", "ddp")
+    want = [min(n, 200) for n in sizes]
+    assert m["table_sizes"] == want
+    assert [r["rows"] for r in m["plan_end"]] == want            # the plan is of those tables
+    assert m["data"] == str(train) and m["eval_data"] == f"held-out file {held}"
+    assert m["auc"]["eval"] is None or 0.0 <= m["auc"]["eval"] <= 1.0
+    assert m["memory_per_rank_source"].startswith("measured on rank 0") and m["memory_per_rank_bytes"] > 2**20
+    mf = _train(tmp_path / "f", "--data", str(train), "--eval-fraction", "0.2", "--steps", "4", "--batch-size",
+                "32", "--checkpoint-every", "0", "--reshard-at", "0", "--dense-parallel", "ddp",
+                "--memory-per-rank", "64MiB")
+    assert mf["eval_data"] == f"last 60 of 300 rows of {train} (held out)"
+    assert mf["memory_per_rank_bytes"] == 64 << 20 and mf["memory_per_rank_source"] == "--memory-per-rank"
