@@ -213,7 +213,7 @@ def _check_ranks_agree(mesh, spec, batch, optimizer) -> None:
     digest = zlib.crc32("|".join(mine.values()).encode())
     device = torch.device(mesh.device_type)
     gathered = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(gathered, torch.tensor([digest], dtype=torch.int64, device=device), group=group)
+    dist.all_gather_single(gathered, torch.tensor([digest], dtype=torch.int64, device=device), group=group)
     if bool((gathered == gathered[0]).all()):
         return
     details = [None] * dist.get_world_size(group)

@@ -356,3 +356,18 @@ def with_buffers(rank, world, style):
         "plain_full": all(type(b) is torch.Tensor and b.shape == ddp.module.get_buffer(n).shape
                           for n, b in bufs.items()),
     }
+
+
+def warnings_of_a_run(rank, world, style):
+    """Every warning raised while a compiled step traces and replays (deprecated torch calls included)."""
+    import warnings
+
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("mlp", 4 * world)
+    opt = make_optimizer("adam", model.parameters())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # also the ones an earlier test in this worker already showed
+        step = compile(parallel_mode=DataParallel(mesh, style=style))(fn)
+        for x, y in batches[:2]:
+            step(model, opt, x, y)
+    return [(w.category.__name__, str(w.message), w.filename) for w in caught]

@@ -73,3 +73,11 @@ def test_existing_optimizer_state_is_taken_over(style, opt):
 def test_buffers_are_never_sharded(style):
     for r in run_on_ranks(dp_cases.with_buffers, 2, style):
         assert r["plain_full"] and r["params"] < 1e-5 and r["buffers"] < 1e-5, r
+
+
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_compiled_step_raises_no_warnings(style):
+    # `shardwise train` used to print torch's FutureWarning for all_gather_into_tensor once per rank
+    for caught in run_on_ranks(dp_cases.warnings_of_a_run, 2, style):
+        ours = [w for w in caught if "/shardwise/" in w[2] or "deprecated" in w[1]]
+        assert not ours, ours
