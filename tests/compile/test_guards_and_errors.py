@@ -40,6 +40,15 @@ def test_errors_are_clear_and_identical_on_all_ranks():
         "amsgrad": ("ValueError", "amsgrad"),
         "no_backward": ("ValueError", "backward"),
         "bad_style": ("ValueError", "zero3"),
+        "bad_input": ("ValueError", "input='sliced' is not one of ('local', 'global')"),
+        "two_styles": ("TypeError", "style='replicate' and parallel_style='fully_shard'"),
+        "style_twice": ("TypeError", "got style twice"),
+        "mesh_twice": ("TypeError", "mesh was given twice"),
+        "too_many_positional": ("TypeError", "at most 1 positional argument(s) (style), got 2"),
+        "batch_dim_none": ("TypeError", "input_batch_dim=None must be"),
+        "two_d_mesh": ("ValueError", "needs a 1-D DeviceMesh"),
+        "local_missing_batch_dim": ("ValueError", "no batch dim 0"),
+        "local_ranks_differ": ("ValueError", "ranks disagree on the batch"),
     }
     for name, (kind, text) in expect.items():
         assert out[name] is not None, f"{name} did not raise"
