@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shardwise.compile import DataParallel, collective_summary, compile
 from shardwise.compile.graph_utils import is_collective, is_wait
-from shardwise.testing.harness import worker_mesh
+from shardwise.testing.harness import worker_device, worker_mesh
 from tests.compile.models import make_case, make_optimizer
 
 
@@ -39,9 +39,11 @@ def train_matrix(rank, world, combos, steps=5, input="local", **mode_kw):
     ``input="local"``: each rank passes only its slice of the global batch and the mode's mesh is the
     default (all ranks of the default group), as a DDP user would write it."""
     mesh = worker_mesh((world,))
+    device = worker_device()  # cuda:LOCAL_RANK under `make test-gpu`
     results = []
     for model_name, style, opt_name in combos:
         model, fn, batches = make_case(model_name, 4 * world)
+        model, batches = model.to(device), [(x.to(device), y.to(device)) for x, y in batches]
         ref, ddp = copy.deepcopy(model), DDP(copy.deepcopy(model), process_group=mesh.get_group())
         ref_opt, ddp_opt = make_optimizer(opt_name, ref.parameters()), make_optimizer(opt_name, ddp.parameters())
         opt = make_optimizer(opt_name, model.parameters())
@@ -65,7 +67,7 @@ def train_matrix(rank, world, combos, steps=5, input="local", **mode_kw):
         rec["collectives"] = collective_summary(step.graph)
         rec["numels"] = _local_numels(step, opt)
         rec["graph"] = graph_checks(step.graph)
-        rec["mesh_is_world"] = step.mode.mesh.size() == world and step.mode.mesh.device_type == "cpu"
+        rec["mesh_is_world"] = step.mode.mesh.size() == world and step.mode.mesh.device_type == device.type
         results.append(rec)
     return results
 

@@ -18,6 +18,7 @@ ONE_PER_STYLE = [("mlp", "replicate", "adam"), ("block", "fully_shard", "sgd"), 
 ATOL = 1e-5
 
 
+@pytest.mark.gpu  # on CUDA/NCCL under `make test-gpu` (one GPU per rank, else skipped)
 @pytest.mark.parametrize("world, input, combos", [
     (2, "local", COMBOS),          # each rank passes its own batch; mesh = the default group
     (3, "local", LATIN),

@@ -90,3 +90,18 @@ def test_compiled_step_raises_no_warnings(style):
     for caught in run_on_ranks(dp_cases.warnings_of_a_run, 2, style):
         ours = [w for w in caught if "/shardwise/" in w[2] or "deprecated" in w[1]]
         assert not ours, ours
+
+
+def test_parameters_off_the_mesh_device_are_refused_before_anything_changes(monkeypatch):
+    import types
+
+    import torch
+
+    from shardwise.compile.state import _check_devices
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    mesh = types.SimpleNamespace(device_type="cuda")  # no GPU here: the check only reads the mesh's device type
+    with pytest.raises(ValueError, match=r"parameter 'w' is on cpu but the mesh is a 'cuda' mesh; move the model "
+                                         r"to this rank's device first \(model.to\('cuda:1'\)\)"):
+        _check_devices({"w": torch.zeros(2)}, mesh)
+    _check_devices({"w": torch.zeros(2)}, types.SimpleNamespace(device_type="cpu"))
