@@ -35,10 +35,13 @@ def local_device(device_type: str) -> torch.device:
     """This process's device of ``device_type``: index ``LOCAL_RANK`` if set, else the current one."""
     if device_type == "cpu":
         return torch.device("cpu")
+    module = getattr(torch, device_type)
     local_rank = os.environ.get("LOCAL_RANK")
     if local_rank is not None:
-        return torch.device(device_type, int(local_rank))
-    return torch.device(device_type, getattr(torch, device_type).current_device())
+        index, count = int(local_rank), module.device_count()
+        # CUDA_VISIBLE_DEVICES may show each process only its own GPU(s): then LOCAL_RANK is no index
+        return torch.device(device_type, module.current_device() if 0 < count <= index else index)
+    return torch.device(device_type, module.current_device())
 
 
 def mesh_device(mesh) -> torch.device:

@@ -48,8 +48,10 @@ def test_local_device_is_local_rank_not_the_backend(monkeypatch):
     assert _device.local_device("cpu") == torch.device("cpu")
     assert _device.local_device("cuda") == torch.device("cuda", 3)
     assert _device.mesh_device(types.SimpleNamespace(device_type="cuda")) == torch.device("cuda", 3)
-    monkeypatch.delenv("LOCAL_RANK")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # LOCAL_RANK 3 is no index: one of 2 GPUs shown
+    assert _device.local_device("cuda") == torch.device("cuda", 1)
+    monkeypatch.delenv("LOCAL_RANK")
     assert _device.local_device("cuda") == torch.device("cuda", 1)
 
 
