@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-gpu bench clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -x --timeout=600 tests
+
+# the GPU-capable tests (marker `gpu`) on CUDA/NCCL, one GPU per rank (tests needing more ranks than
+# GPUs are skipped with the reason); needs a CUDA build of torch
+test-gpu: setup
+	SHARDWISE_TEST_DEVICE=cuda $(PY) -m pytest -q -rs --timeout=600 -m gpu tests
 
 bench: setup
 	$(PY) -m shardwise bench

@@ -61,15 +61,13 @@ def _state_bytes(model, optimizer) -> int:
 def _build(kind, rank, world):
     model = make_model()
     if kind in ("ours_replicate", "ours_fully_shard"):
-        from torch.distributed.device_mesh import init_device_mesh
-
         from shardwise.compile import DataParallel, compile
 
-        mesh = init_device_mesh("cpu", (world,))
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         style = kind.split("_", 1)[1]
-        step = compile(parallel_mode=DataParallel(mesh, style=style))(step_fn)
-        return model, opt, step, True
+        # each rank passes its own slice, like DDP (mesh: every rank of the default group)
+        step = compile(parallel_mode=DataParallel(style))(step_fn)
+        return model, opt, step, False
     if kind == "ddp":
         model = nn.parallel.DistributedDataParallel(model)
     elif kind == "fsdp2":

@@ -1,13 +1,10 @@
 """Compile-mode parallel training: trace forward, backward and optimizer step as one graph.
 
-Example::
+Example (each rank passes its own batch; the mesh defaults to every rank of the default group)::
 
-    from torch.distributed.device_mesh import init_device_mesh
     from shardwise.compile import DataParallel, compile
 
-    mesh = init_device_mesh("cpu", (2,))
-
-    @compile(parallel_mode=DataParallel(mesh, style="fully_shard"))
+    @compile(parallel_mode=DataParallel("fully_shard"))
     def step(model, optimizer, x, y):
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()

@@ -2,7 +2,7 @@
 
 Example::
 
-    @compile(parallel_mode=DataParallel(mesh, style="replicate"))
+    @compile(parallel_mode=DataParallel("replicate"))
     def step(model, optimizer, x, y):
         loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
@@ -10,7 +10,7 @@ Example::
         optimizer.zero_grad()
         return loss
 
-    for x, y in loader:
+    for x, y in loader:                      # this rank's batch
         loss = step(model, optimizer, x, y)  # traced on the first call, replayed after
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ def compile(parallel_mode: ParallelMode, gm_transformation: Callable | None = No
     """
     if not isinstance(parallel_mode, ParallelMode):
         raise TypeError(
-            f"parallel_mode must be a shardwise.compile.ParallelMode (e.g. DataParallel(mesh)), "
+            f"parallel_mode must be a shardwise.compile.ParallelMode (e.g. DataParallel('replicate')), "
             f"got {type(parallel_mode).__name__}"
         )
     if gm_transformation is not None and not callable(gm_transformation):
@@ -80,7 +80,7 @@ class CompiledStep:
         self._cache: dict[Any, _Entry] = {}  # insertion order = least recently used first
         self.traces = 0
         # compare batch layout and hyper-parameters across ranks on every call (one tiny all-gather)
-        self.check_ranks = getattr(mode.mesh, "ndim", 0) == 1
+        self.check_ranks = True
 
     @property
     def graph(self) -> torch.fx.GraphModule | None:
@@ -96,7 +96,7 @@ class CompiledStep:
         spec = optim_spec(optimizer)
         local = self.mode.local_batch(batch)
         joint = None
-        if self.check_ranks:
+        if self.check_ranks and getattr(self.mode.mesh, "ndim", 0) == 1:
             _check_ranks_agree(self.mode.mesh, spec, batch, optimizer)
         if self._owner is None:
             # Trace before touching the model: a step that cannot be traced
@@ -199,21 +199,24 @@ class CompiledStep:
 
 
 def _check_ranks_agree(mesh, spec, batch, optimizer) -> None:
-    """Every call: all ranks must step with the same global batch layout and hyper-parameters (lr
-    included), or the replicas would silently diverge. One 8-byte all-gather of a digest (crc32, not
+    """Every call: all ranks must step with the same batch shapes and hyper-parameters (lr included),
+    or the replicas would silently diverge (and an average of gradients over unequal local batches is
+    not the gradient of the whole batch). One 8-byte all-gather of a digest (crc32, not
     Python's per-process hash); only on a mismatch are the details gathered, and every rank raises."""
     import zlib
 
     import torch.distributed as dist
+
+    from shardwise._device import mesh_device
 
     leaves = pytree.tree_leaves(batch)
     desc = [(tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves]
     mine = {"batch": repr(desc), "lr": repr([g["lr"] for g in optimizer.param_groups]), "optimizer": repr(spec)}
     group = mesh.get_group()
     digest = zlib.crc32("|".join(mine.values()).encode())
-    device = torch.device(mesh.device_type)
+    device = mesh_device(mesh)
     gathered = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-    dist.all_gather_into_tensor(gathered, torch.tensor([digest], dtype=torch.int64, device=device), group=group)
+    dist.all_gather_single(gathered, torch.tensor([digest], dtype=torch.int64, device=device), group=group)
     if bool((gathered == gathered[0]).all()):
         return
     details = [None] * dist.get_world_size(group)
@@ -224,7 +227,7 @@ def _check_ranks_agree(mesh, spec, batch, optimizer) -> None:
             diffs = "; ".join(f"rank {r}: {v}" for r, v in enumerate(values) if v != values[0])
             raise ValueError(
                 f"compiled step: ranks disagree on the {what} (rank 0: {values[0]}; {diffs}); data parallel needs "
-                "the same global batch shape and optimizer settings on every rank"
+                "the same batch shapes and optimizer settings on every rank (drop or pad a ragged last batch)"
             )
 
 

@@ -11,7 +11,7 @@ is chosen by this module: they are all implied by the propagation.
 
 Example::
 
-    mode = DTensorExpandMode(mesh, input_placements=([Shard(0)], [Shard(0)]))
+    mode = DTensorExpandMode(input_placements=([Shard(0)], [Shard(0)]))  # mesh=None: the whole world
 
     @compile(parallel_mode=mode)
     def step(model, opt, x, y): ...
@@ -26,7 +26,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .layout import ParamLayout
-from .modes import ParallelMode, Signature
+from .modes import ParallelMode, Signature, mesh_first
 from .optim import functional_update, state_names
 from .passes import bucket_gradients, schedule_waits
 from .state import TrainState
@@ -45,15 +45,29 @@ class DTensorExpandMode(ParallelMode):
     by the mesh size.  ``fallback_to_replicate=True`` lets ops without a
     sharding rule in the core run replicated (their inputs are gathered).
     The gradient redistributions are bucketed like DataParallel's
-    (``bucket_cap_bytes``, 0 = one collective per parameter).
+    (``bucket_cap_bytes``, 0 = one collective per parameter). ``mesh=None`` (default) is every rank of
+    the default process group, as for DataParallel; ``DTensorExpandMode(mesh, input_placements)`` still works.
     """
 
-    def __init__(self, mesh, input_placements: Sequence[Sequence], param_placements: Optional[Callable] = None,
-                 *, fallback_to_replicate: bool = False, bucket_cap_bytes: int = 4 << 20):
+    def __init__(self, *args, input_placements: Optional[Sequence[Sequence]] = None,
+                 param_placements: Optional[Callable] = None,
+                 mesh=None, fallback_to_replicate: bool = False, bucket_cap_bytes: int = 4 << 20):
         from shardwise.tensor import Replicate, Shard
 
-        if getattr(mesh, "ndim", None) != 1:
-            raise ValueError(f"DTensorExpandMode needs a 1-D DeviceMesh, got {mesh!r}")
+        # DTensorExpandMode(input_placements, param_placements, *, mesh=None, ...); like DataParallel,
+        # mesh=None is every rank of the default group, and the earlier mesh-first form still works
+        mesh, rest = mesh_first("DTensorExpandMode", args, mesh)
+        if len(rest) > 2:
+            raise TypeError(
+                f"DTensorExpandMode takes at most 2 positional arguments (input_placements, param_placements), "
+                f"got {len(rest)}; pass the rest by keyword"
+            )
+        for name, _, kw in zip(("input_placements", "param_placements"), rest, (input_placements, param_placements)):
+            if kw is not None:
+                raise TypeError(f"DTensorExpandMode got {name} twice (positionally and by keyword)")
+        input_placements, param_placements = (tuple(rest) + (input_placements, param_placements)[len(rest):])[:2]
+        if input_placements is None:
+            raise TypeError("DTensorExpandMode needs input_placements: one [Shard(d)] or [Replicate()] per batch argument")
         pls = [tuple(p) for p in input_placements]
         for i, p in enumerate(pls):
             if len(p) != 1 or not isinstance(p[0], (Shard, Replicate)):
@@ -66,7 +80,6 @@ class DTensorExpandMode(ParallelMode):
         if not isinstance(bucket_cap_bytes, int) or bucket_cap_bytes < 0:
             raise ValueError(f"bucket_cap_bytes={bucket_cap_bytes!r} must be a non-negative int")
         self.bucket_cap_bytes = bucket_cap_bytes
-        self.world = mesh.size()
 
     def _param_placement(self, fqn: str, p: torch.Tensor):
         from shardwise.tensor import Replicate, Shard

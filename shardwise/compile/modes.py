@@ -22,6 +22,18 @@ import torch
 __all__ = ["ParallelMode", "Signature"]
 
 
+def mesh_first(who: str, args: tuple, mesh):
+    """Earlier releases took the mesh as the first positional argument (``DataParallel(mesh, ...)``);
+    that form still works: returns ``(mesh, remaining positional args)``."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if args and isinstance(args[0], DeviceMesh):
+        if mesh is not None:
+            raise TypeError(f"{who}: the mesh was given twice (first positional argument and mesh=); keep mesh=")
+        return args[0], args[1:]
+    return mesh, args
+
+
 @dataclass
 class Signature:
     """What each flat input/output of a per-rank graph is.
@@ -35,9 +47,35 @@ class Signature:
 
 
 class ParallelMode(abc.ABC):
-    """Base class of compile-mode parallelism strategies."""
+    """Base class of compile-mode parallelism strategies.
 
-    mesh: Any
+    ``mesh`` is a 1-D ``DeviceMesh``; left ``None`` it becomes all ranks of the default process group
+    (on the group's device) when first used, so a mode can be built before ``init_process_group``.
+    """
+
+    _mesh: Any = None
+
+    @property
+    def mesh(self):
+        if self._mesh is None:
+            from shardwise._device import default_mesh
+
+            self._mesh = default_mesh(type(self).__name__)
+        return self._mesh
+
+    @mesh.setter
+    def mesh(self, mesh) -> None:
+        if mesh is not None and getattr(mesh, "ndim", None) != 1:
+            raise ValueError(
+                f"{type(self).__name__} needs a 1-D DeviceMesh, got {mesh!r}; leave mesh=None for all ranks of "
+                "the default process group, or build one with init_device_mesh(device_type, (world_size,))"
+            )
+        self._mesh = mesh
+
+    @property
+    def world(self) -> int:
+        """Number of ranks on the mesh."""
+        return self.mesh.size()
 
     @abc.abstractmethod
     def setup(self, model: torch.nn.Module, optimizer: Any, spec: Any) -> Any:

@@ -29,6 +29,7 @@ class TrainState:
         self.mesh, self.layouts, self.spec = mesh, layouts, spec
         self.rank = mesh.get_local_rank()
         params = dict(model.named_parameters())
+        _check_devices(params, mesh)
         self.names = tuple(params)
         self.group_of = _group_index(optimizer, params)
         _broadcast_from_first(mesh, list(params.values()) + list(model.buffers()))
@@ -117,6 +118,18 @@ class TrainState:
                     created = True
             if created:
                 self._publish_state(n)
+
+
+def _check_devices(params: dict, mesh) -> None:
+    """Before anything changes: the collectives run on the mesh's device, so must the parameters."""
+    from shardwise._device import mesh_device
+
+    for n, p in params.items():
+        if p.device.type != mesh.device_type:
+            raise ValueError(
+                f"parameter {n!r} is on {p.device} but the mesh is a {mesh.device_type!r} mesh; move the model "
+                f"to this rank's device first (model.to('{mesh_device(mesh)}')), or pass a mesh= on the model's device"
+            )
 
 
 def _group_index(optimizer, params: dict) -> dict:

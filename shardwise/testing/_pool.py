@@ -1,7 +1,8 @@
 """Parent side of the test pool: spawn, dispatch, collect, diagnose, kill.
 
 A pool is ``world_size`` worker processes (see ``_worker.py``) that joined one
-gloo world through a FileStore in a fresh temp dir. A pool that saw any
+world through a FileStore in a fresh temp dir, with the backend of the pool's
+device (gloo for CPU, NCCL for CUDA). A pool that saw any
 failure is killed: its process group may hold half-finished collectives.
 """
 
@@ -40,8 +41,8 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 class Pool:
     """``world_size`` live workers; :meth:`run` one task on all of them."""
 
-    def __init__(self, world_size: int) -> None:
-        self.world_size = world_size
+    def __init__(self, world_size: int, device_type: str = "cpu") -> None:
+        self.world_size, self.device_type = world_size, device_type
         self.dir = tempfile.mkdtemp(prefix=f"shardwise-pool{world_size}-")
         self.procs: list[subprocess.Popen] = []
         self.conns: list[Connection] = []
@@ -74,7 +75,8 @@ class Pool:
         path = env.get("PYTHONPATH")
         env["PYTHONPATH"] = _PACKAGE_ROOT + (os.pathsep + path if path else "")
         env.update(SHARDWISE_TEST_WORKER="1", RANK=str(rank), LOCAL_RANK=str(rank),
-                   WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size))
+                   WORLD_SIZE=str(self.world_size), LOCAL_WORLD_SIZE=str(self.world_size),
+                   SHARDWISE_TEST_DEVICE=self.device_type)
         # A different hash seed per rank: code whose collectives depend on hash() order fails here.
         env["PYTHONHASHSEED"] = str(101 + rank)
         # One thread per rank: the ranks already oversubscribe small machines.

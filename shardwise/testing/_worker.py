@@ -1,4 +1,4 @@
-"""Worker process of the test pool: one rank of a long-lived gloo world.
+"""Worker process of the test pool: one rank of a long-lived world (gloo on CPU, NCCL on CUDA).
 
 Started by :mod:`shardwise.testing._pool` as
 ``python -c "from shardwise.testing._worker import main; main()" FD RANK
@@ -75,11 +75,15 @@ def _init_process_group(rank: int, world_size: int, store_path: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from shardwise._device import backend_for, local_device
+    from shardwise.testing.harness import pool_device_type
+
     torch.set_num_threads(1)
-    if torch.cuda.is_available():
-        torch.cuda.set_device(rank % torch.cuda.device_count())
+    device_type = pool_device_type()  # the backend follows the device, never the other way round
+    if device_type == "cuda":
+        torch.cuda.set_device(local_device("cuda"))  # LOCAL_RANK (the parent checked one GPU per rank)
     dist.init_process_group(
-        "gloo",
+        backend_for(device_type),
         init_method=f"file://{store_path}",
         rank=rank,
         world_size=world_size,

@@ -1,9 +1,14 @@
-"""Run a function on N ranks of a real gloo process group, from one test.
+"""Run a function on N ranks of a real process group, from one test.
 
 Worker processes are expensive to start (each imports torch), so one pool per
 world size stays alive for the whole Python process and is reused by every
 call; it is shut down at exit. A call that fails in any way (exception, dead
 worker, hang) kills its pool and the next call starts a fresh one.
+
+The pools' device comes from ``SHARDWISE_TEST_DEVICE`` (``cpu``, the default, or
+``cuda``: ``make test-gpu``) and the backend from the device: gloo for CPU, NCCL
+for CUDA, with rank *r* on ``cuda:r`` (its ``LOCAL_RANK``). A CUDA call needs one
+GPU per rank and is skipped with the reason otherwise.
 """
 
 from __future__ import annotations
@@ -13,30 +18,66 @@ import numbers
 import os
 import pickle
 import threading
+import unittest
 
 from shardwise.testing._errors import DistributedTestError, DistributedTestTimeout
 from shardwise.testing._pool import Pool
 
 __all__ = [
+    "DEVICE_ENV",
     "DistributedTestError",
     "DistributedTestTimeout",
+    "gpu_shortage",
+    "pool_device_type",
     "run_on_ranks",
     "shutdown_pools",
+    "worker_device",
     "worker_mesh",
 ]
 
-_pools: dict[int, Pool] = {}
+# The device the test pools run on; the backend follows it (shardwise._device.backend_for).
+DEVICE_ENV = "SHARDWISE_TEST_DEVICE"
+_DEVICE_TYPES = ("cpu", "cuda")
+
+_pools: dict[tuple[int, str], Pool] = {}
 # One call at a time per process: pools are not safe for concurrent tasks.
 _lock = threading.RLock()
 # Worker-side cache of meshes, keyed by (device_type, shape).
 _meshes: dict = {}
 
 
+def pool_device_type(environ=None) -> str:
+    """``"cpu"`` (gloo; the default) or ``"cuda"`` (NCCL), from ``SHARDWISE_TEST_DEVICE``.
+
+    Example:
+        >>> pool_device_type({"SHARDWISE_TEST_DEVICE": "cuda"})
+        'cuda'
+    """
+    value = (os.environ if environ is None else environ).get(DEVICE_ENV, "cpu")
+    if value not in _DEVICE_TYPES:
+        raise ValueError(f"{DEVICE_ENV}={value!r} must be one of {_DEVICE_TYPES} (cuda: `make test-gpu`)")
+    return value
+
+
+def gpu_shortage(device_type: str, world_size: int, gpus: int) -> str | None:
+    """Why ``world_size`` ranks cannot run on ``device_type`` with ``gpus`` GPUs; ``None`` if they can.
+
+    Example:
+        >>> gpu_shortage("cuda", 2, 1)
+        'needs 2 GPUs, one per rank (NCCL refuses two ranks on one GPU); this machine has 1'
+    """
+    if device_type == "cuda" and gpus < world_size:
+        return f"needs {world_size} GPUs, one per rank (NCCL refuses two ranks on one GPU); this machine has {gpus}"
+    return None
+
+
 def run_on_ranks(fn, world_size: int, *args, timeout: float = 120.0, **kwargs) -> list:
     """Call ``fn(rank, world_size, *args, **kwargs)`` on ``world_size`` ranks.
 
     Each rank is a worker process whose default process group is already
-    initialised with gloo (60 s collective timeout, one torch thread). ``fn``
+    initialised (60 s collective timeout, one torch thread): gloo on CPU, or
+    NCCL with rank *r* on ``cuda:r`` when ``SHARDWISE_TEST_DEVICE=cuda`` (a
+    ``unittest.SkipTest`` with the reason where there is not one GPU per rank). ``fn``
     must be a module-level function (pickled by qualified name); args, kwargs
     and return values travel by pickle. ``timeout`` (seconds) bounds the call
     itself, not the one-off pool start-up, and cannot be forwarded to ``fn``.
@@ -62,24 +103,32 @@ def run_on_ranks(fn, world_size: int, *args, timeout: float = 120.0, **kwargs) -
             assert run_on_ranks(_sum_ranks, 4) == [6.0] * 4
     """
     _check_call(fn, world_size, timeout)
+    device_type = pool_device_type()
+    label = f"run_on_ranks({fn.__module__}.{fn.__qualname__}, world_size={world_size})"
+    if device_type == "cuda":
+        import torch
+
+        reason = gpu_shortage(device_type, world_size, torch.cuda.device_count())
+        if reason:
+            raise unittest.SkipTest(f"{label} on CUDA: {reason}")
     try:
         payload = pickle.dumps((fn, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
     except Exception as exc:
         raise TypeError(
             f"run_on_ranks: fn {fn!r}, its args or kwargs cannot be pickled ({exc}); "
             "pass plain data, tensors or module-level objects") from exc
-    label = f"run_on_ranks({fn.__module__}.{fn.__qualname__}, world_size={world_size})"
+    key = (world_size, device_type)
     with _lock:
-        pool = _pool_for(world_size)
+        pool = _pool_for(key)
         try:
             return pool.run(payload, float(timeout), label)
         except DistributedTestError:
             if not pool.alive():
-                _pools.pop(world_size, None)
+                _pools.pop(key, None)
             raise
         except BaseException:
             # Interrupted mid-task (Ctrl-C, pytest-timeout): state unknown.
-            _pools.pop(world_size, None)
+            _pools.pop(key, None)
             pool.kill()
             raise
 
@@ -107,15 +156,15 @@ def _check_call(fn, world_size, timeout) -> None:
             f"run_on_ranks: timeout must be a positive number of seconds, got {timeout!r}")
 
 
-def _pool_for(world_size: int) -> Pool:
-    pool = _pools.get(world_size)
+def _pool_for(key: tuple[int, str]) -> Pool:
+    pool = _pools.get(key)
     if pool is not None and not pool.alive():
         # A worker died between calls; its peers' process group is unusable.
-        del _pools[world_size]
+        del _pools[key]
         pool.kill()
         pool = None
     if pool is None:
-        pool = _pools[world_size] = Pool(world_size)
+        pool = _pools[key] = Pool(*key)
     return pool
 
 
@@ -147,14 +196,14 @@ def worker_mesh(shape, device_type: str | None = None):
 
     Args:
         shape: int or tuple of ints whose product is the world size.
-        device_type: defaults to ``"cuda"`` if available, else ``"cpu"``.
+        device_type: defaults to the pool's device (``SHARDWISE_TEST_DEVICE``);
+            another one is a ``ValueError`` (its backend serves only that device).
 
     Example (inside ``fn(rank, world_size)`` with world_size 4)::
 
         mesh = worker_mesh((2, 2))
         assert mesh.size() == 4 and worker_mesh((2, 2)) is mesh
     """
-    import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -163,12 +212,30 @@ def worker_mesh(shape, device_type: str | None = None):
             "worker_mesh() only works inside a function run by run_on_ranks; "
             "build meshes there, not in the test body")
     shape = _mesh_shape(shape, dist.get_world_size())
+    pool_device = pool_device_type()
     if device_type is None:
-        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        device_type = pool_device
+    elif device_type != pool_device:
+        raise ValueError(
+            f"worker_mesh(device_type={device_type!r}) in a {pool_device!r} pool: its backend serves "
+            f"{pool_device} tensors only; run the test with {DEVICE_ENV}={device_type} (CUDA: `make test-gpu`)")
     key = (device_type, shape)
     if key not in _meshes:
         _meshes[key] = init_device_mesh(device_type, shape)
     return _meshes[key]
+
+
+def worker_device():
+    """This rank's device inside a function run by :func:`run_on_ranks`: ``cpu``, or ``cuda:LOCAL_RANK``
+    in a CUDA pool. GPU-capable tests put their tensors there.
+
+    Example (inside ``fn``)::
+
+        t = torch.ones(3, device=worker_device())
+    """
+    from shardwise._device import local_device
+
+    return local_device(pool_device_type())
 
 
 def _mesh_shape(shape, world_size: int) -> tuple[int, ...]:

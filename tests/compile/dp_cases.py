@@ -9,7 +9,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shardwise.compile import DataParallel, collective_summary, compile
 from shardwise.compile.graph_utils import is_collective, is_wait
-from shardwise.testing.harness import worker_mesh
+from shardwise.testing.harness import worker_device, worker_mesh
 from tests.compile.models import make_case, make_optimizer
 
 
@@ -33,21 +33,29 @@ def _local_numels(step, opt) -> dict:
     }
 
 
-def train_matrix(rank, world, combos, steps=5, **mode_kw):
-    """For each (model, style, optimizer): compiled DP vs single process vs eager DDP."""
+def train_matrix(rank, world, combos, steps=5, input="local", **mode_kw):
+    """For each (model, style, optimizer): compiled DP vs single process on the global batch vs eager DDP.
+
+    ``input="local"``: each rank passes only its slice of the global batch and the mode's mesh is the
+    default (all ranks of the default group), as a DDP user would write it."""
     mesh = worker_mesh((world,))
+    device = worker_device()  # cuda:LOCAL_RANK under `make test-gpu`
     results = []
     for model_name, style, opt_name in combos:
         model, fn, batches = make_case(model_name, 4 * world)
+        model, batches = model.to(device), [(x.to(device), y.to(device)) for x, y in batches]
         ref, ddp = copy.deepcopy(model), DDP(copy.deepcopy(model), process_group=mesh.get_group())
         ref_opt, ddp_opt = make_optimizer(opt_name, ref.parameters()), make_optimizer(opt_name, ddp.parameters())
         opt = make_optimizer(opt_name, model.parameters())
-        step = compile(parallel_mode=DataParallel(mesh, style=style, **mode_kw))(fn)
+        mode = DataParallel(style, **mode_kw) if input == "local" else DataParallel(style, mesh=mesh, input=input,
+                                                                                    **mode_kw)
+        step = compile(parallel_mode=mode)(fn)
         rec = {"combo": (model_name, style, opt_name), "single": [], "ddp": [], "loss": []}
         for i, (x, y) in enumerate(batches[:steps]):
-            loss = step(model, opt, x, y)
+            xl, yl = x.chunk(world)[rank], y.chunk(world)[rank]
+            loss = step(model, opt, xl, yl) if input == "local" else step(model, opt, x, y)
             ref_loss = fn(ref, ref_opt, x, y)
-            fn(ddp, ddp_opt, x.chunk(world)[rank], y.chunk(world)[rank])
+            fn(ddp, ddp_opt, xl, yl)
             # the step returns this rank's loss; their mean is the global-batch loss
             mean_loss = loss.detach().clone()
             torch.distributed.all_reduce(mean_loss, group=mesh.get_group())
@@ -59,6 +67,7 @@ def train_matrix(rank, world, combos, steps=5, **mode_kw):
         rec["collectives"] = collective_summary(step.graph)
         rec["numels"] = _local_numels(step, opt)
         rec["graph"] = graph_checks(step.graph)
+        rec["mesh_is_world"] = step.mode.mesh.size() == world and step.mode.mesh.device_type == device.type
         results.append(rec)
     return results
 
@@ -93,7 +102,7 @@ def bucketing_pair(rank, world, model_name, style, opt_name):
     for cap in (0, 1 << 20):
         model, fn, batches = make_case(model_name, 4 * world)
         opt = make_optimizer(opt_name, model.parameters())
-        step = compile(parallel_mode=DataParallel(mesh, style=style, bucket_cap_bytes=cap,
+        step = compile(parallel_mode=DataParallel(style, mesh=mesh, input="global", bucket_cap_bytes=cap,
                                                   gather_bucket_cap_bytes=cap))(fn)
         for x, y in batches[:3]:
             step(model, opt, x, y)
@@ -112,7 +121,7 @@ def guards(rank, world, style):
     opt, ref_opt = make_optimizer("adam", model.parameters()), make_optimizer("adam", ref.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
-    step = compile(parallel_mode=DataParallel(mesh, style=style))(fn)
+    step = compile(parallel_mode=DataParallel(style, mesh=mesh, input="global"))(fn)
     log = []
 
     def both(x, y):
@@ -143,7 +152,7 @@ def dtype_guard(rank, world):
         seen.append(sum(1 for n in gm.graph.nodes if is_collective(n)))
         return gm
 
-    step = compile(parallel_mode=DataParallel(mesh, style="replicate"), gm_transformation=transform)(fn)
+    step = compile(parallel_mode=DataParallel("replicate", mesh=mesh, input="global"), gm_transformation=transform)(fn)
     x, y = batches[0]
     step(model, opt, x, y)
     step(model, opt, x.to(torch.int32), y)
@@ -159,7 +168,7 @@ def trace_cap(rank, world):
     model, fn, batches = make_case("mlp", 8 * world)
     ref = copy.deepcopy(model)
     opt, ref_opt = make_optimizer("sgd", model.parameters()), make_optimizer("sgd", ref.parameters())
-    step = compile(parallel_mode=DataParallel(mesh, style="replicate"))(fn)
+    step = compile(parallel_mode=DataParallel("replicate", mesh=mesh, input="global"))(fn)
     step.max_traces, step.warn_after = 2, 3
     x, y = batches[0]
     # per rank x world. The first step traces without optimizer state, the second with it; 4 evicts
@@ -186,7 +195,7 @@ def errors(rank, world):
     mesh = worker_mesh((world,))
     model, fn, batches = make_case("mlp", 2 * world)
     x, y = batches[0]
-    mode = DataParallel(mesh, style="fully_shard")
+    mode = DataParallel("fully_shard", mesh=mesh, input="global")
     opt = make_optimizer("adam", model.parameters())
     calls = {
         "no_module": lambda: compile(parallel_mode=mode)(fn)(None, opt, x, y),
@@ -200,6 +209,17 @@ def errors(rank, world):
             model, torch.optim.Adam(model.parameters(), amsgrad=True), x, y),
         "no_backward": lambda: compile(parallel_mode=mode)(_bad_step_no_backward)(model, opt, x, y),
         "bad_style": lambda: DataParallel(mesh, style="zero3"),
+        "bad_input": lambda: DataParallel("replicate", input="sliced"),
+        "two_styles": lambda: DataParallel("replicate", parallel_style="fully_shard"),
+        "style_twice": lambda: DataParallel("replicate", style="replicate"),
+        "mesh_twice": lambda: DataParallel(mesh, mesh=mesh),
+        "too_many_positional": lambda: DataParallel("replicate", 0),
+        "batch_dim_none": lambda: DataParallel("replicate", input_batch_dim=None),
+        "two_d_mesh": lambda: DataParallel("replicate", mesh=worker_mesh((1, world))),
+        "local_missing_batch_dim": lambda: compile(parallel_mode=DataParallel("replicate"))(fn)(
+            model, opt, x[0, 0], y),
+        "local_ranks_differ": lambda: compile(parallel_mode=DataParallel("replicate"))(fn)(
+            model, opt, x[: 2 + rank], y[: 2 + rank]),
     }
     out = {}
     for name, call in calls.items():
@@ -256,7 +276,7 @@ def input_grad_and_printing(rank, world, style):
     model, _, batches = make_case("mlp", 4 * world)
     ref = copy.deepcopy(model)
     opt, ref_opt = make_optimizer("sgd", model.parameters()), make_optimizer("sgd", ref.parameters())
-    step = compile(parallel_mode=DataParallel(mesh, style=style))(_step_with_input_grad)
+    step = compile(parallel_mode=DataParallel(style, mesh=mesh, input="global"))(_step_with_input_grad)
     out = []
     for x, y in batches[:2]:
         loss, gx = step(model, opt, x, y)
@@ -287,7 +307,7 @@ def tied_weights(rank, world, style):
     opt, ref_opt = make_optimizer("adam", model.parameters()), make_optimizer("adam", ref.parameters())
     from tests.compile.models import block_step
 
-    step = compile(parallel_mode=DataParallel(mesh, style=style))(block_step)
+    step = compile(parallel_mode=DataParallel(style, mesh=mesh, input="global"))(block_step)
     g = torch.Generator().manual_seed(3)
     for _ in range(3):
         x, y = torch.randint(0, 11, (4 * world, 5), generator=g), torch.randint(0, 11, (4 * world, 5), generator=g)
@@ -306,7 +326,7 @@ def resume_from_eager(rank, world, style, opt_name):
     for x, y in batches[:2]:
         fn(model, opt, x, y)
         fn(ref, ref_opt, x, y)
-    step = compile(parallel_mode=DataParallel(mesh, style=style))(fn)
+    step = compile(parallel_mode=DataParallel(style, mesh=mesh, input="global"))(fn)
     for x, y in batches[2:]:
         step(model, opt, x, y)
         fn(ref, ref_opt, x, y)
@@ -320,7 +340,7 @@ def graph_kinds(rank, world, style):
     mesh = worker_mesh((world,))
     model, fn, batches = make_case("mlp", 4 * world)
     opt = make_optimizer("adam", model.parameters())
-    step = compile(parallel_mode=DataParallel(mesh, style=style))(fn)
+    step = compile(parallel_mode=DataParallel(style, mesh=mesh, input="global"))(fn)
     step(model, opt, *batches[0])
     nodes = list(step.graph.graph.nodes)
     return {
@@ -343,7 +363,7 @@ def with_buffers(rank, world, style):
     opt, ddp_opt = make_optimizer("sgd", model.parameters()), make_optimizer("sgd", ddp.parameters())
     from tests.compile.models import mlp_step
 
-    step = compile(parallel_mode=DataParallel(mesh, style=style))(mlp_step)
+    step = compile(parallel_mode=DataParallel(style, mesh=mesh, input="global"))(mlp_step)
     g = torch.Generator().manual_seed(5)
     for _ in range(3):
         x, y = torch.randn(4 * world, 6, generator=g), torch.randn(4 * world, 3, generator=g)
@@ -355,4 +375,39 @@ def with_buffers(rank, world, style):
         "buffers": max((bufs[n].float() - b.float()).abs().max().item() for n, b in ddp.module.named_buffers()),
         "plain_full": all(type(b) is torch.Tensor and b.shape == ddp.module.get_buffer(n).shape
                           for n, b in bufs.items()),
+    }
+
+
+def warnings_of_a_run(rank, world, style):
+    """Every warning raised while a compiled step traces and replays (deprecated torch calls included)."""
+    import warnings
+
+    mesh = worker_mesh((world,))
+    model, fn, batches = make_case("mlp", 4 * world)
+    opt = make_optimizer("adam", model.parameters())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # also the ones an earlier test in this worker already showed
+        step = compile(parallel_mode=DataParallel(style))(fn)  # the default mesh is built here, too
+        for x, y in batches[:2]:
+            step(model, opt, x.chunk(world)[rank], y.chunk(world)[rank])
+    return [(w.category.__name__, str(w.message), w.filename) for w in caught]
+
+
+def mesh_first_forms(rank, world):
+    """The constructor forms of earlier releases (mesh first) and the default mesh."""
+    from shardwise.compile import DTensorExpandMode
+    from shardwise.tensor import Shard
+
+    mesh = worker_mesh((world,))
+    dp = DataParallel(mesh, "fully_shard", (0, None))
+    dp_kw = DataParallel(mesh, style="replicate", input_batch_dim=(None, None, None))  # train/dense.py's call
+    ex = DTensorExpandMode(mesh, input_placements=([Shard(0)], [Shard(0)]))
+    ex_default = DTensorExpandMode([[Shard(0)]])
+    default = DataParallel()
+    return {
+        "dp": (dp.style, dp.input_batch_dim, dp.mesh is mesh, dp.input),
+        "dp_kw": (dp_kw.style, dp_kw.input_batch_dim, dp_kw.mesh is mesh, dp_kw.input),
+        "expand": (ex.mesh is mesh, ex.world),
+        "expand_default": (ex_default.mesh.get_group() is mesh.get_group(), ex_default.world),
+        "dp_default": (default.mesh.get_group() is torch.distributed.group.WORLD, default.world),
     }

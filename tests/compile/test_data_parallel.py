@@ -11,20 +11,26 @@ from tests.compile import dp_cases
 
 MODELS, STYLES, OPTS = ("mlp", "block"), ("replicate", "fully_shard", "default"), ("sgd", "adam", "adamw")
 COMBOS = list(itertools.product(MODELS, STYLES, OPTS))
-# world 4 (4 processes on a 2-core CI box) runs a Latin square: every model, style and
+# world 3 (uneven shards: rows do not divide by 3) runs a Latin square: every model, style and
 # optimizer appears, each style with every optimizer across the two models
-COMBOS_4 = [(m, s, OPTS[(i + j) % 3]) for i, m in enumerate(MODELS) for j, s in enumerate(STYLES)]
+LATIN = [(m, s, OPTS[(i + j) % 3]) for i, m in enumerate(MODELS) for j, s in enumerate(STYLES)]
+ONE_PER_STYLE = [("mlp", "replicate", "adam"), ("block", "fully_shard", "sgd"), ("mlp", "default", "adamw")]
 ATOL = 1e-5
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_matches_single_process_and_ddp(world):
+@pytest.mark.gpu  # on CUDA/NCCL under `make test-gpu` (one GPU per rank, else skipped)
+@pytest.mark.parametrize("world, input, combos", [
+    (2, "local", COMBOS),          # each rank passes its own batch; mesh = the default group
+    (3, "local", LATIN),
+    (2, "global", ONE_PER_STYLE),  # every rank passes the whole batch and trains on its slice
+])
+def test_matches_single_process_and_ddp(world, input, combos):
     # shard_threshold=200 makes "default" mix sharded and replicated parameters in both models
-    combos = COMBOS if world == 2 else COMBOS_4
-    results = run_on_ranks(dp_cases.train_matrix, world, combos, shard_threshold=200, timeout=600)
+    results = run_on_ranks(dp_cases.train_matrix, world, combos, input=input, shard_threshold=200, timeout=600)
     for rank_results in results:
         for rec in rank_results:
             combo = rec["combo"]
+            assert rec["mesh_is_world"], combo
             assert len(rec["single"]) == 2 and len(rec["loss"]) == 5
             for what in ("single", "ddp", "loss"):  # after step 1 and step 5
                 assert rec[what][0] < ATOL and rec[what][-1] < ATOL, (combo, what, rec[what])
@@ -72,3 +78,26 @@ def test_bucketing_reduces_collectives(style):
         assert r["max_diff"] < 1e-6
     # every bucketing/scheduling decision depends on sizes only: all ranks build the same program
     assert res[0]["code_0"] == res[1]["code_0"] and res[0][f"code_{1 << 20}"] == res[1][f"code_{1 << 20}"]
+
+
+def test_mesh_defaults_lazily_and_needs_a_process_group():
+    from shardwise.compile import DataParallel, DTensorExpandMode
+    from shardwise.tensor import Shard
+
+    for mode in (DataParallel("fully_shard"), DataParallel(parallel_style="default"),
+                 DTensorExpandMode([[Shard(0)]])):
+        # built before init_process_group (e.g. at import time); the mesh is only needed by the first step
+        with pytest.raises(RuntimeError, match=r"mesh=None means all ranks of the default process group.*"
+                                               r"init_process_group\(\) first"):
+            mode.mesh
+    assert DataParallel(parallel_style="default").style == "default"
+    assert "input='local'" in repr(DataParallel()) and "default group" in repr(DataParallel())
+
+
+def test_mesh_first_form_still_works():
+    results = run_on_ranks(dp_cases.mesh_first_forms, 2)
+    assert results[0] == results[1]
+    assert results[0] == {
+        "dp": ("fully_shard", (0, None), True, "local"), "dp_kw": ("replicate", (None, None, None), True, "local"),
+        "expand": (True, 2), "expand_default": (True, 2), "dp_default": (True, 2),
+    }

@@ -40,6 +40,15 @@ def test_errors_are_clear_and_identical_on_all_ranks():
         "amsgrad": ("ValueError", "amsgrad"),
         "no_backward": ("ValueError", "backward"),
         "bad_style": ("ValueError", "zero3"),
+        "bad_input": ("ValueError", "input='sliced' is not one of ('local', 'global')"),
+        "two_styles": ("TypeError", "style='replicate' and parallel_style='fully_shard'"),
+        "style_twice": ("TypeError", "got style twice"),
+        "mesh_twice": ("TypeError", "mesh was given twice"),
+        "too_many_positional": ("TypeError", "at most 1 positional argument(s) (style), got 2"),
+        "batch_dim_none": ("TypeError", "input_batch_dim=None must be"),
+        "two_d_mesh": ("ValueError", "needs a 1-D DeviceMesh"),
+        "local_missing_batch_dim": ("ValueError", "no batch dim 0"),
+        "local_ranks_differ": ("ValueError", "ranks disagree on the batch"),
     }
     for name, (kind, text) in expect.items():
         assert out[name] is not None, f"{name} did not raise"
@@ -73,3 +82,26 @@ def test_existing_optimizer_state_is_taken_over(style, opt):
 def test_buffers_are_never_sharded(style):
     for r in run_on_ranks(dp_cases.with_buffers, 2, style):
         assert r["plain_full"] and r["params"] < 1e-5 and r["buffers"] < 1e-5, r
+
+
+@pytest.mark.parametrize("style", ["replicate", "fully_shard"])
+def test_compiled_step_raises_no_warnings(style):
+    # `shardwise train` used to print torch's FutureWarning for all_gather_into_tensor once per rank
+    for caught in run_on_ranks(dp_cases.warnings_of_a_run, 2, style):
+        ours = [w for w in caught if "/shardwise/" in w[2] or "deprecated" in w[1]]
+        assert not ours, ours
+
+
+def test_parameters_off_the_mesh_device_are_refused_before_anything_changes(monkeypatch):
+    import types
+
+    import torch
+
+    from shardwise.compile.state import _check_devices
+
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    mesh = types.SimpleNamespace(device_type="cuda")  # no GPU here: the check only reads the mesh's device type
+    with pytest.raises(ValueError, match=r"parameter 'w' is on cpu but the mesh is a 'cuda' mesh; move the model "
+                                         r"to this rank's device first \(model.to\('cuda:1'\)\)"):
+        _check_devices({"w": torch.zeros(2)}, mesh)
+    _check_devices({"w": torch.zeros(2)}, types.SimpleNamespace(device_type="cpu"))

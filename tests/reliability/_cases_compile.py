@@ -28,11 +28,11 @@ def _no_backward_step(model, optimizer, x, y):
     return F.mse_loss(model(x), y)
 
 
-def _setup(world, mesh=None, style="replicate", trained=True):
+def _setup(world, mesh=None, style="replicate", trained=True, input="local"):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    step = compile(parallel_mode=DataParallel(mesh or worker_mesh((world,)), style=style))(_step)
+    step = compile(parallel_mode=DataParallel(style, mesh=mesh or worker_mesh((world,)), input=input))(_step)
     if trained:
         step(model, opt, *_batch(4 * world))
     return model, opt, step
@@ -79,7 +79,8 @@ def amsgrad_optimizer(rank, world):
 
 
 def batch_not_divisible(rank, world):
-    model, opt, step = _setup(world)
+    # only a global batch is split over the ranks
+    model, opt, step = _setup(world, input="global")
     return lambda: step(model, opt, *_batch(2 * world + 1)), [model, opt]
 
 
@@ -117,7 +118,7 @@ def lr_tensor(rank, world):
 
 
 def batch_size_differs_one_rank(rank, world):
-    # DataParallel takes the same global batch on every rank; one rank handing in another size
+    # each rank passes its own batch, but all of the same shape; one rank handing in another size
     model, opt, step = _setup(world, mesh=short_timeout_mesh())
     n = 6 * world if rank == world - 1 else 4 * world
     return lambda: step(model, opt, *_batch(n)), [model, opt]

@@ -106,6 +106,10 @@ def short_timeout_mesh(seconds: float = 3.0):
     import torch.distributed as dist
     from torch.distributed.device_mesh import DeviceMesh
 
+    from shardwise._device import backend_for
+    from shardwise.testing import pool_device_type
+
+    device_type = pool_device_type()  # the pool's device; its backend follows
     group = dist.new_group(list(range(dist.get_world_size())), timeout=timedelta(seconds=seconds),
-                           backend="gloo")
-    return DeviceMesh.from_group(group, "cpu")
+                           backend=backend_for(device_type))
+    return DeviceMesh.from_group(group, device_type)

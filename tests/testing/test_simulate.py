@@ -93,10 +93,10 @@ def real_collectives(rank, world_size, xs):
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op.upper()), group=None)
         out[op] = t
     gathered = torch.empty((world_size * mine.shape[0], *mine.shape[1:]), device=mine.device)
-    dist.all_gather_into_tensor(gathered, mine, group=None)
+    dist.all_gather_single(gathered, mine, group=None)
     out["all_gather"] = gathered
     scattered = torch.empty((mine.shape[0] // world_size, *mine.shape[1:]), device=mine.device)
-    dist.reduce_scatter_tensor(scattered, mine, group=None)
+    dist.reduce_scatter_single(scattered, mine, group=None)
     out["reduce_scatter"] = scattered
     exchanged = torch.empty_like(mine)
     dist.all_to_all_single(exchanged, mine, group=None)
