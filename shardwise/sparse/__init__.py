@@ -9,6 +9,7 @@ from .fx import SparseTracer, symbolic_trace
 from .jagged import JaggedTensor, lengths_to_offsets
 from .keyed_jagged import KeyedJaggedTensor
 from .keyed_tensor import KeyedTensor
+from .helpers import ComputeJTDictToKJT, ComputeKJTToJTDict, jt_is_equal, kjt_is_equal  # noqa: E402 (after the types)
 
 __all__ = ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "lengths_to_offsets", "SparseTracer",
-           "symbolic_trace"]
+           "symbolic_trace", "jt_is_equal", "kjt_is_equal", "ComputeKJTToJTDict", "ComputeJTDictToKJT"]

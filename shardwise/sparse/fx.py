@@ -21,13 +21,25 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
-from torch.fx._symbolic_trace import ProxyableClassMeta
+from torch.fx import Proxy
+from torch.fx._symbolic_trace import ProxyableClassMeta, is_fx_symbolic_tracing
 
 __all__ = ["SparseMeta", "SparseTracer", "symbolic_trace"]
 
 
 class SparseMeta(ProxyableClassMeta):
     """Metaclass of the sparse types: construction from proxies is recorded as one graph node."""
+
+    def __call__(cls, *args, **kwargs):
+        # ProxyableClassMeta's own __call__ asks is_fx_tracing(), which logs a warning in every
+        # process that builds a KJT; the symbolic-tracing flag is the same test without it
+        if not is_fx_symbolic_tracing():
+            return type.__call__(cls, *args, **kwargs)
+        proxies = []
+        torch.fx.node.map_aggregate((args, kwargs), lambda a: proxies.append(a) if isinstance(a, Proxy) else None)
+        if proxies:
+            return proxies[0].tracer.create_proxy("call_function", cls, args, kwargs)
+        return type.__call__(cls, *args, **kwargs)
 
 
 def _default_leaf_types() -> tuple:

@@ -11,6 +11,7 @@ from typing import Optional
 import torch
 
 from .fx import SparseMeta
+from .text import jt_string
 
 __all__ = ["JaggedTensor", "lengths_to_offsets"]
 
@@ -284,6 +285,9 @@ class JaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
 
     def __len__(self) -> int:
         return self._lengths.numel()
+
+    def __str__(self) -> str:
+        return jt_string(self._values, self._weights, self._offsets.tolist())
 
     def __repr__(self) -> str:
         return f"JaggedTensor(values={self._values}, lengths={self._lengths}, weights={self._weights})"

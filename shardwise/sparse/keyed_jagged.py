@@ -15,12 +15,18 @@ from . import kjt_ops
 from .fx import SparseMeta
 from .jagged import JaggedTensor, _JaggedAccessors, check_jagged
 from .strides import check_inverse_indices, resolve_strides
+from .text import kjt_string
 
 __all__ = ["KeyedJaggedTensor"]
 
-# recorded as one call each when a module using them is traced (their arguments are lists of KJTs)
-torch.fx.wrap("concat_kjts")
+# recorded as one call each when a module using them is traced (their arguments are lists or
+# dicts of sparse values, or they build a KJT from a traced one's parts)
 concat_kjts = kjt_ops.concat_kjts
+kjt_empty_like = kjt_ops.empty_like
+kjt_from_jt_dict = kjt_ops.from_jt_dict
+torch.fx.wrap("concat_kjts")
+torch.fx.wrap("kjt_empty_like")
+torch.fx.wrap("kjt_from_jt_dict")
 
 
 def _check_keys(keys) -> list[str]:
@@ -116,7 +122,7 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
     @classmethod
     def from_jt_dict(cls, jt_dict: dict) -> "KeyedJaggedTensor":
         """Build from ``{key: JaggedTensor}``; every JaggedTensor must hold the same batch size."""
-        return kjt_ops.from_jt_dict(cls, jt_dict)
+        return kjt_from_jt_dict(jt_dict)
 
     @staticmethod
     def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
@@ -143,7 +149,7 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         The device copy keeps the lengths (uninitialised ones would not pass validation) and leaves
         values and weights uninitialised, like ``torch.empty_like``.
         """
-        return kjt_ops.empty_like(kjt, device)
+        return kjt_empty_like(kjt, device)
 
     # ---- accessors ----------------------------------------------------------------------------
     def keys(self) -> list[str]:
@@ -283,6 +289,10 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         if inv is not None:
             inv = (inv[0], inv[1].pin_memory())
         return self._rebuild(self._values.pin_memory(), w, self._lengths.pin_memory(), inv)
+
+    def __str__(self) -> str:
+        return kjt_string(self._keys, self._values, self._weights, self._offsets.tolist(),
+                          self.lengths_offset_per_key())
 
     def __repr__(self) -> str:
         vbe = f", stride_per_key={self._strides.per_key}" if self._strides.variable else ""

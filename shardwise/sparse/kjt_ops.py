@@ -109,14 +109,18 @@ def concat_kjts(kjt_list):
             raise ValueError(f"concat: stride_per_key_per_rank have different numbers of ranks "
                              f"{[r.shape[1] for r in rows]}; build them over the same ranks")
         per_rank = torch.cat(rows)
+    # cached per-key sizes stay cached (TorchRec code reads them after concat); checked on construction
+    known = [k.length_per_key_or_none() for k in kjt_list]
+    length_per_key = None if any(n is None for n in known) else [n for per in known for n in per]
     return type(first)([key for k in kjt_list for key in k.keys()], torch.cat([k.values() for k in kjt_list]), w,
                        torch.cat([k.lengths() for k in kjt_list]),
                        stride=None if vbe else first.stride(), stride_per_key_per_rank=per_rank,
-                       inverse_indices=inverse)
+                       length_per_key=length_per_key, inverse_indices=inverse)
 
 
-def from_jt_dict(cls, jts: dict):
+def from_jt_dict(jts: dict):
     """``{key: JaggedTensor}`` -> KeyedJaggedTensor (every JaggedTensor holds the same batch size)."""
+    from .keyed_jagged import KeyedJaggedTensor   # that module imports this one
     if not isinstance(jts, dict) or not jts:
         raise ValueError("from_jt_dict needs at least one key; use KeyedJaggedTensor([], ..., stride=B)")
     sizes = {k: len(jt) for k, jt in jts.items()}
@@ -129,7 +133,7 @@ def from_jt_dict(cls, jts: dict):
     values = torch.cat([jt.values() for jt in jts.values()])
     lengths = torch.cat([jt.lengths() for jt in jts.values()])
     weights = torch.cat([jt.weights() for jt in jts.values()]) if all(weighted) else None
-    return cls(list(jts), values, weights, lengths).sync()
+    return KeyedJaggedTensor(list(jts), values, weights, lengths).sync()
 
 
 def empty_like(kjt, device=None):
