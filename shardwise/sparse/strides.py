@@ -101,7 +101,8 @@ def check_inverse_indices(inverse_indices, device) -> Optional[tuple]:
         return None
     ok = isinstance(inverse_indices, (tuple, list)) and len(inverse_indices) == 2
     keys, t = inverse_indices if ok else (None, None)
-    if not ok or not isinstance(t, torch.Tensor) or not all(isinstance(k, str) for k in keys or ()):
+    keys_ok = isinstance(keys, (list, tuple)) and all(isinstance(k, str) for k in keys)
+    if not ok or not isinstance(t, torch.Tensor) or not keys_ok:
         raise TypeError(f"KeyedJaggedTensor: inverse_indices must be (list of keys, integer tensor [keys, B]), "
                         f"got {type(inverse_indices).__name__}")
     if t.dtype.is_floating_point or (t.dim() == 2 and t.shape[0] != len(keys)) or t.dim() not in (1, 2):
