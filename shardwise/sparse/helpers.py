@@ -11,6 +11,7 @@ from typing import Optional
 
 import torch
 import torch.utils._pytree as pytree
+from torch.fx._pytree import register_pytree_flatten_spec
 
 from .jagged import JaggedTensor
 from .keyed_jagged import KeyedJaggedTensor
@@ -65,6 +66,16 @@ def _register_pytrees() -> None:
 
 
 _register_pytrees()
+
+
+def _kt_flatten_spec(kt: KeyedTensor, spec) -> list:
+    # an exported program flattens its outputs by the spec it was traced with: take the keys in
+    # that order, whatever order this KeyedTensor holds them in
+    keys, lengths, key_dim = spec.context
+    return [torch.cat([kt[k] for k in keys], dim=key_dim)]
+
+
+register_pytree_flatten_spec(KeyedTensor, _kt_flatten_spec)
 
 
 class ComputeKJTToJTDict(torch.nn.Module):

@@ -41,8 +41,16 @@ def regroup_kts(keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequenc
     return out
 
 
-# traced modules record one call of it (its argument is a list of KeyedTensors)
+def regroup_kts_as_dict(keyed_tensors, groups, keys) -> dict[str, torch.Tensor]:
+    """``{keys[i]: group i}`` of ``regroup_kts``."""
+    if len(groups) != len(keys):
+        raise ValueError(f"regroup_as_dict: {len(groups)} groups but {len(keys)} names; give one name per group")
+    return dict(zip(keys, regroup_kts(keyed_tensors, groups)))
+
+
+# traced modules record one call of each (their argument is a list of KeyedTensors)
 torch.fx.wrap("regroup_kts")
+torch.fx.wrap("regroup_kts_as_dict")
 
 
 class KeyedTensor(metaclass=SparseMeta):
@@ -67,10 +75,11 @@ class KeyedTensor(metaclass=SparseMeta):
         if not isinstance(values, torch.Tensor) or values.dim() < 1:
             raise TypeError(f"KeyedTensor: values must be a tensor with a key dim (usually 2-D [B, sum(dims)]), got "
                             f"{tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__}")
-        if not isinstance(key_dim, int) or not 0 <= key_dim < values.dim():
+        empty = not keys and values.numel() == 0   # KeyedTensor([], [], torch.Tensor()): nothing to index
+        if not isinstance(key_dim, int) or not (0 <= key_dim < values.dim() or empty):
             raise ValueError(f"KeyedTensor: key_dim={key_dim!r} is not a dim of values {tuple(values.shape)}; "
                              f"use 0..{values.dim() - 1} (1 for [B, sum(dims)])")
-        if any(n < 0 for n in length_per_key) or sum(length_per_key) != values.shape[key_dim]:
+        if not empty and (any(n < 0 for n in length_per_key) or sum(length_per_key) != values.shape[key_dim]):
             raise ValueError(f"KeyedTensor: lengths {length_per_key} must be >= 0 and sum to "
                              f"values.shape[{key_dim}]={values.shape[key_dim]}")
         self._keys = keys
@@ -102,9 +111,7 @@ class KeyedTensor(metaclass=SparseMeta):
     def regroup_as_dict(keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequence[str]],
                         keys: Sequence[str]) -> dict[str, torch.Tensor]:
         """``regroup`` with a name per group: ``{keys[i]: group i}``."""
-        if len(groups) != len(keys):
-            raise ValueError(f"regroup_as_dict: {len(groups)} groups but {len(keys)} names; give one name per group")
-        return dict(zip(keys, regroup_kts(keyed_tensors, groups)))
+        return regroup_kts_as_dict(keyed_tensors, groups, keys)
 
     def keys(self) -> list[str]:
         return list(self._keys)
@@ -149,6 +156,11 @@ class KeyedTensor(metaclass=SparseMeta):
 
     def size_in_bytes(self) -> int:
         return self._values.element_size() * self._values.numel()
+
+    def __str__(self) -> str:
+        if not self._keys:
+            return "KeyedTensor()\n"
+        return "KeyedTensor({\n" + ",\n".join(f'    "{k}": {self[k].tolist()}' for k in self._keys) + "\n})\n"
 
     def __repr__(self) -> str:
         return f"KeyedTensor(keys={self._keys}, length_per_key={self._length_per_key}, values={self._values})"

@@ -120,3 +120,22 @@ def test_kjt_dict_modules_round_trip():
     kjt = KeyedJaggedTensor(["a", "b"], V, torch.rand(6), torch.tensor([2, 1, 0, 3]))
     d = ComputeKJTToJTDict()(kjt)
     assert list(d) == ["a", "b"] and kjt_is_equal(ComputeJTDictToKJT()(d), kjt)
+
+
+def test_keyed_tensor_str_flatten_spec_and_traced_regroup_as_dict():
+    from torch.fx._pytree import tree_flatten_spec
+
+    a, b = torch.arange(4.0).view(2, 2), torch.arange(2.0).view(2, 1)
+    kt = KeyedTensor.from_tensor_list(["a", "b"], [a, b])
+    assert str(kt) == 'KeyedTensor({\n    "a": [[0.0, 1.0], [2.0, 3.0]],\n    "b": [[0.0], [1.0]]\n})\n'
+    assert str(KeyedTensor([], [], torch.Tensor())) == "KeyedTensor()\n"
+    _, spec = pytree.tree_flatten(kt)
+    swapped = KeyedTensor.from_tensor_list(["b", "a"], [b, a])   # same keys, other order
+    assert torch.equal(tree_flatten_spec(swapped, spec)[0], kt.values())
+
+    class M(torch.nn.Module):
+        def forward(self, kts):
+            return KeyedTensor.regroup_as_dict(kts, [["b"], ["a", "b"]], ["g0", "g1"])
+
+    out = torch.fx.symbolic_trace(M())([kt])
+    assert list(out) == ["g0", "g1"] and torch.equal(out["g1"], torch.cat([a, b], dim=1))
