@@ -110,6 +110,23 @@ def check_jagged(
     return lengths, offsets
 
 
+def jt_from_dense_lengths(values: torch.Tensor, lengths, weights: Optional[torch.Tensor] = None) -> "JaggedTensor":
+    """See ``JaggedTensor.from_dense_lengths``."""
+    if not isinstance(values, torch.Tensor) or values.dim() < 2:
+        raise ValueError("from_dense_lengths: values must be a padded [B, N, ...] tensor, got "
+                         f"{getattr(values, 'shape', type(values).__name__)}; use from_dense for a list")
+    lengths = _as_index_tensor("from_dense_lengths: lengths", lengths, values.device).long()
+    if lengths.numel() != values.shape[0] or bool((lengths > values.shape[1]).any()):
+        raise ValueError(f"from_dense_lengths: lengths {lengths.tolist()} need one entry per row of values "
+                         f"{tuple(values.shape)}, each at most {values.shape[1]}")
+    mask = torch.arange(values.shape[1], device=values.device).unsqueeze(0) < lengths.unsqueeze(1)
+    return JaggedTensor(values[mask], None if weights is None else weights[mask], lengths)
+
+
+# one graph node when traced (its checks read the lengths' values)
+torch.fx.wrap("jt_from_dense_lengths")
+
+
 class _JaggedAccessors:
     """The accessors shared by the jagged types (TorchRec's names)."""
 
@@ -231,15 +248,7 @@ class JaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
     def from_dense_lengths(values: torch.Tensor, lengths: torch.Tensor,
                            weights: Optional[torch.Tensor] = None) -> "JaggedTensor":
         """Bag ``i`` is the first ``lengths[i]`` entries of row ``i`` of a padded ``[B, N]`` tensor."""
-        if not isinstance(values, torch.Tensor) or values.dim() < 2:
-            raise ValueError("from_dense_lengths: values must be a padded [B, N, ...] tensor, got "
-                             f"{getattr(values, 'shape', type(values).__name__)}; use from_dense for a list")
-        lengths = _as_index_tensor("from_dense_lengths: lengths", lengths, values.device).long()
-        if lengths.numel() != values.shape[0] or bool((lengths > values.shape[1]).any()):
-            raise ValueError(f"from_dense_lengths: lengths {lengths.tolist()} need one entry per row of values "
-                             f"{tuple(values.shape)}, each at most {values.shape[1]}")
-        mask = torch.arange(values.shape[1], device=values.device).unsqueeze(0) < lengths.unsqueeze(1)
-        return JaggedTensor(values[mask], None if weights is None else weights[mask], lengths)
+        return jt_from_dense_lengths(values, lengths, weights)
 
     # ---- views --------------------------------------------------------------------------------
     def to_dense(self) -> list[torch.Tensor]:

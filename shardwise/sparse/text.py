@@ -11,6 +11,9 @@ __all__ = ["bags_string", "jt_string", "kjt_string"]
 
 def bags_string(flat: torch.Tensor, bounds: list) -> str:
     """``[[bag 0], [bag 1], ...]`` with ``bounds`` the offsets of the bags in ``flat``."""
+    if flat.dim() > 2:
+        raise ValueError(f"printing jagged values of {flat.dim()} dims is not supported (at most 2: ids or "
+                         f"[N, D] rows); print .values() instead")
     return "[" + ", ".join(str(flat[a:b].tolist()) for a, b in zip(bounds[:-1], bounds[1:])) + "]"
 
 
