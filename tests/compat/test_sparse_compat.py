@@ -163,7 +163,8 @@ def test_jagged_dense_conversions_match_plain_padding():
     assert [t.tolist() for t in jt.to_dense()] == rows and jt.lengths().tolist() == [2, 0, 3]
     want = torch.tensor([r + [-1.0] * (3 - len(r)) for r in rows])
     assert torch.equal(jt.to_padded_dense(padding_value=-1.0), want)
-    assert torch.equal(jt.to_padded_dense(desired_length=2), torch.tensor([r[:2] + [0.0] * (2 - len(r[:2])) for r in rows]))
+    cut = torch.tensor([r[:2] + [0.0] * (2 - len(r[:2])) for r in rows])   # longer bags truncated
+    assert torch.equal(jt.to_padded_dense(desired_length=2), cut)
     assert torch.equal(jt.to_padded_dense_weights(padding_value=-10.0), torch.where(want == -1, -10.0, want * 10))
     back = JaggedTensor.from_dense_lengths(want, torch.tensor([2, 0, 3]))
     assert torch.equal(back.values(), jt.values()) and torch.equal(back.lengths(), jt.lengths())
