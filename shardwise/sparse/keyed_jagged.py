@@ -116,8 +116,15 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         return cls(keys, values, weights=weights, offsets=offsets, stride=stride,
                    stride_per_key_per_rank=stride_per_key_per_rank, inverse_indices=inverse_indices).sync()
 
-    from_lengths = from_lengths_sync
-    from_offsets = from_offsets_sync
+    @classmethod
+    def from_lengths(cls, keys, values, lengths, weights=None, stride=None) -> "KeyedJaggedTensor":
+        """``from_lengths_sync`` without computing the per-key sizes yet (no device sync here)."""
+        return cls(keys, values, weights=weights, lengths=lengths, stride=stride)
+
+    @classmethod
+    def from_offsets(cls, keys, values, offsets, weights=None, stride=None) -> "KeyedJaggedTensor":
+        """``from_offsets_sync`` without computing the per-key sizes yet."""
+        return cls(keys, values, weights=weights, offsets=offsets, stride=stride)
 
     @classmethod
     def from_jt_dict(cls, jt_dict: dict) -> "KeyedJaggedTensor":
