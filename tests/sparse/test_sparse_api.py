@@ -139,3 +139,38 @@ def test_keyed_tensor_str_flatten_spec_and_traced_regroup_as_dict():
 
     out = torch.fx.symbolic_trace(M())([kt])
     assert list(out) == ["g0", "g1"] and torch.equal(out["g1"], torch.cat([a, b], dim=1))
+
+
+def test_pickle_round_trip_keeps_vbe_and_weights():
+    # DataLoader workers and the test harness send batches between processes by pickling them
+    import pickle
+
+    kjt = KeyedJaggedTensor(["a", "b"], V, torch.rand(6), torch.tensor([2, 1, 0, 3]),
+                            stride_per_key_per_rank=[[1], [3]],
+                            inverse_indices=(["a", "b"], torch.tensor([[0, 0, 0], [2, 1, 0]])))
+    back = pickle.loads(pickle.dumps(kjt))
+    assert kjt_is_equal(back, kjt) and back.stride_per_key_per_rank() == [[1], [3]]
+    assert torch.equal(back.inverse_indices()[1], kjt.inverse_indices()[1])
+
+
+def test_sparse_tracer_keeps_named_modules_as_leaves():
+    from shardwise.sparse import SparseTracer
+
+    class Lookup(torch.nn.Module):
+        def forward(self, kjt):
+            return torch.stack([kjt[k].lengths().sum() for k in kjt.keys()])   # loops over keys: untraceable
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lookup = Lookup()
+
+        def forward(self, kjt):
+            return self.lookup(kjt) * 2
+
+    graph = SparseTracer(leaf_modules=["Lookup"]).trace(M())
+    gm = torch.fx.GraphModule(M(), graph)
+    kjt = KeyedJaggedTensor(["a", "b"], V, None, torch.tensor([2, 1, 0, 3]))
+    assert torch.equal(gm(kjt), torch.tensor([6, 6]))
+    with pytest.raises(torch.fx.proxy.TraceError):
+        torch.fx.symbolic_trace(M())
