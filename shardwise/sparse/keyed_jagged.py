@@ -14,7 +14,7 @@ import torch
 from . import kjt_ops
 from .fx import SparseMeta
 from .jagged import JaggedTensor, _JaggedAccessors, check_jagged
-from .strides import check_inverse_indices, resolve_strides
+from .strides import check_inverse_indices, check_inverse_range, resolve_strides
 from .text import kjt_string
 
 __all__ = ["KeyedJaggedTensor"]
@@ -81,6 +81,7 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         inverse_indices = check_inverse_indices(inverse_indices, values.device)
         strides = resolve_strides(keys, lengths.numel(), stride, stride_per_key, stride_per_key_per_rank,
                                   inverse_indices)
+        check_inverse_range(inverse_indices, keys, strides.per_key)
         self._keys = keys
         self._values = values
         self._lengths = lengths

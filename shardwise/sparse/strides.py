@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["Strides", "resolve_strides", "check_inverse_indices"]
+__all__ = ["Strides", "resolve_strides", "check_inverse_indices", "check_inverse_range"]
 
 
 @dataclass
@@ -112,3 +112,20 @@ def check_inverse_indices(inverse_indices, device) -> Optional[tuple]:
         raise ValueError(f"KeyedJaggedTensor: inverse_indices are on {t.device} but values on {device}; move them "
                          f"with .to(values.device)")
     return list(keys), t
+
+
+def check_inverse_range(inverse_indices: Optional[tuple], keys: list, per_key: list) -> None:
+    """Each key's inverse indices must point at one of its bags: in ``[0, stride_per_key[k])``."""
+    if inverse_indices is None or inverse_indices[1].dim() != 2 or inverse_indices[1].numel() == 0:
+        return
+    if inverse_indices[1].device.type == "meta":
+        return
+    inv_keys, t = inverse_indices
+    for row, key in zip(t, inv_keys):
+        if key not in keys:
+            raise ValueError(f"KeyedJaggedTensor: inverse_indices name key {key!r}, which is not in keys {keys}")
+        lo, hi = int(row.min()), int(row.max())
+        bags = per_key[keys.index(key)]
+        if lo < 0 or hi >= bags:
+            raise ValueError(f"KeyedJaggedTensor: inverse_indices of {key!r} range over [{lo}, {hi}] but the key has "
+                             f"{bags} bags; every index must be in [0, {bags})")

@@ -33,6 +33,9 @@ def _vbe():
     (dict(inverse_indices=(["a"], torch.zeros(2, 2, dtype=torch.long))), ValueError, "len\\(keys\\)=1"),
     (dict(inverse_indices=(["a"], torch.zeros(1, 2, dtype=torch.long, device="meta"))), ValueError,
      "inverse_indices are on meta"),
+    (dict(inverse_indices=(["a"], torch.tensor([[0, 2]]))), ValueError,
+     "inverse_indices of 'a' range over \\[0, 2\\] but the key has 2 bags"),
+    (dict(inverse_indices=(["z"], torch.tensor([[0, 1]]))), ValueError, "name key 'z', which is not in keys"),
 ])
 def test_new_kjt_arguments_are_validated(kwargs, exc, match):
     lengths = torch.tensor([2, 1, 0, 3])   # 2 keys x batch 2 unless the kwargs say otherwise
