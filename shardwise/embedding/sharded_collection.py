@@ -202,6 +202,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
             check_features(kjt, self._features, self._is_weighted)
         except (ValueError, TypeError) as exc:
             return f"{type(exc).__name__}: {exc}"
+        if kjt.variable_stride_per_key():
+            return ("ValueError: a variable batch per feature (VBE: stride_per_key_per_rank) is not supported by the "
+                    "sharded collection yet; give every feature the same batch size (or use the unsharded one)")
         keys, per_key = kjt.keys(), kjt.length_per_key()
         if not keys or kjt.values().numel() == 0:
             return None

@@ -191,3 +191,25 @@ def test_config_takes_torchrecs_field_order_and_data_type():
         EmbeddingBagConfig(10, 4, "t", "int8", ["f"])
     with pytest.raises(ValueError, match="need_pos"):
         EmbeddingBagConfig(10, 4, "t", feature_names=["f"], need_pos=True)
+
+
+def vbe_refused(rank, world):
+    from shardwise.embedding import shard
+
+    sharded = shard(common.make_ebc(seed=1), {n: table_wise(0) for n, *_ in common.TABLES})
+    feats = common.all_features()
+    kjt = KeyedJaggedTensor(feats, torch.zeros(len(feats), dtype=torch.int64), lengths=torch.ones(len(feats),
+                            dtype=torch.int64), stride_per_key_per_rank=[[1]] * len(feats))
+    vbe = kjt.variable_stride_per_key()
+    try:
+        sharded(kjt if rank == 1 else common.rank_batches(world, 0, False)[rank])
+    except ValueError as exc:
+        return vbe, str(exc)
+    return vbe, None
+
+
+def test_a_vbe_batch_is_refused_on_every_rank():
+    from shardwise.testing import run_on_ranks
+
+    for vbe, err in run_on_ranks(vbe_refused, 2, timeout=60.0):
+        assert err is not None and "rank(s) [1]" in err and "VBE" in err
