@@ -55,23 +55,18 @@ def prepare(inputs: Sequence, out, *, block_size: int = DEFAULT_BLOCK_SIZE, cate
                          f"never overwrites files)")
     reader = ClickLogReader(as_path_list(inputs), block_size=block_size, skip_bad_lines=skip_bad_lines,
                             use_threads=use_threads)   # checks every input before anything is written
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows_per_source = [0] * len(reader.sources)
     counter = IdCounter(NUM_SPARSE) if categorify else None
-    files = {name: open(out / f"{name}.bin", "wb") for name in _COLUMNS}
     try:
-        for k, b in reader.blocks():
-            for name, fh in files.items():
-                fh.write(np.ascontiguousarray(getattr(b, name)).data)
-            rows_per_source[k] += len(b.labels)
-            if counter is not None:
-                counter.add(b.ids)
-    finally:
-        for fh in files.values():
-            fh.close()
+        rows_per_source = _write_columns(reader, out, counter)
+    except BaseException:
+        _remove_partial(out, created)   # so the same command can simply be run again
+        raise
     n = sum(rows_per_source)
     if n == 0:
+        _remove_partial(out, created)
         raise ValueError(f"{[str(s.path) for s in reader.sources]}: no examples (only blank or skipped lines); "
                          f"pass files with at least one line of Criteo data")
     manifest = {
@@ -91,6 +86,31 @@ def prepare(inputs: Sequence, out, *, block_size: int = DEFAULT_BLOCK_SIZE, cate
     if log is not None:
         log(f"{n} rows from {len(reader.sources)} file(s) into {out} in {manifest['seconds']} s")
     return manifest
+
+
+def _write_columns(reader: ClickLogReader, out: Path, counter: Optional[IdCounter]) -> list:
+    """Append every block to the column files; rows per source."""
+    rows_per_source = [0] * len(reader.sources)
+    files = {name: open(out / f"{name}.bin", "wb") for name in _COLUMNS}
+    try:
+        for k, b in reader.blocks():
+            for name, fh in files.items():
+                fh.write(np.ascontiguousarray(getattr(b, name)).data)
+            rows_per_source[k] += len(b.labels)
+            if counter is not None:
+                counter.add(b.ids)
+    finally:
+        for fh in files.values():
+            fh.close()
+        reader.close()
+    return rows_per_source
+
+
+def _remove_partial(out: Path, created: bool) -> None:
+    for name in _COLUMNS:
+        (out / f"{name}.bin").unlink(missing_ok=True)
+    if created:
+        out.rmdir()
 
 
 def _categorify_ids(out: Path, n: int, counter: IdCounter, min_count: int) -> dict:
