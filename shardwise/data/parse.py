@@ -13,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -27,12 +29,10 @@ __all__ = ["ChunkOptions", "ParsedChunk", "parse_chunk", "explain_line"]
 
 _NAMES = ["label", *DENSE_NAMES, *SPARSE_NAMES]
 _LOW63 = np.uint64(2**63 - 1)
-# bytes a value may hold; 0 stands for the zeroed bytes in front of a short value
-_HEX_OR_0 = np.zeros(256, dtype=np.uint8)
-_HEX_OR_0[list(b"\x000123456789abcdefABCDEF")] = 1
-_DIGIT_OR_0 = np.zeros(256, dtype=np.uint8)
-_DIGIT_OR_0[list(b"\x000123456789")] = 1
-_ALL_ONES = np.uint64(0x0101010101010101)
+# use_threads: numpy releases the GIL in its loops, so pyarrow's blocks convert side by side too
+_POOL = ThreadPoolExecutor(max(os.cpu_count() or 1, 1), thread_name_prefix="shardwise-convert")
+_ONES = 0x0101010101010101
+_HIGH = np.uint64(0x80 * _ONES)
 # _KEEP_HIGH[w]: a little-endian word's top w bytes (a value's last w bytes end the 8-byte window)
 _KEEP_HIGH = np.array([0] + [(2**64 - 1) ^ (2**(64 - 8 * w) - 1) for w in range(1, 9)], dtype=np.uint64)
 
@@ -90,8 +90,10 @@ def parse_chunk(data: bytes, name: str, opts: ChunkOptions,
     # a NUL byte would pass for the zero padding of the fast path: such chunks take the line parser
     has_nul = data.find(b"\0") >= 0
     parts, flagged = [], []
-    for rb in table.to_batches():
-        batch, ok = _convert(rb.columns)
+    batches = table.to_batches()
+    converted = _POOL.map(_convert, [rb.columns for rb in batches]) if opts.use_threads and len(batches) > 1 \
+        else map(_convert, [rb.columns for rb in batches])
+    for rb, (batch, ok) in zip(batches, converted):
         if has_nul:
             ok[:] = False
         parts.append((rb.columns, batch, ok))
@@ -135,7 +137,7 @@ class _Column:
     """A binary column's bytes (8 zero bytes on each side) with each value's end and length, and
     ``tail(back, width)``: for every value, its ``width`` (<= 8) bytes ending ``back`` bytes before
     its end, loaded as one little-endian uint64 (one unaligned 8-byte load per value, no loop over
-    characters) with the bytes before them zeroed; plus whether each of those bytes is allowed."""
+    characters) with the bytes before them zeroed."""
 
     def __init__(self, col: pa.Array):
         n = len(col)
@@ -151,11 +153,23 @@ class _Column:
     def first_byte(self) -> np.ndarray:
         return np.where(self.lengths > 0, self.data[np.minimum(self.ends - self.lengths, len(self.data) - 1)], 0)
 
-    def tail(self, back: int, width: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        value = self.words[np.maximum(self.ends - back - 8, 0)] & _KEEP_HIGH[np.clip(width, 0, 8)]
-        # allowed[] is 0/1 per byte: all 8 bytes allowed <=> the word of flags is 0x0101010101010101
-        ok = allowed[value.view(np.uint8)].view("<u8") == _ALL_ONES
-        return value, ok
+    def tail(self, back: int, width: np.ndarray) -> np.ndarray:
+        return self.words[np.maximum(self.ends - back - 8, 0)] & _KEEP_HIGH[np.minimum(np.maximum(width, 0), 8)]
+
+
+def _bytes_in(v: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Per byte of ``v`` (all bytes < 0x80): 0x80 where lo <= byte <= hi, else 0 (no carries cross bytes)."""
+    return ((v + np.uint64((0x80 - lo) * _ONES)) & ~(v + np.uint64((0x7F - hi) * _ONES))) & _HIGH
+
+
+def _zero_bytes(v: np.ndarray) -> np.ndarray:
+    """Per byte (all < 0x80): 0x80 where it is 0 (the padding in front of a short value)."""
+    return ~(v + np.uint64(0x7F * _ONES)) & _HIGH
+
+
+def _digits_ok(v: np.ndarray) -> np.ndarray:
+    """Every byte padding or '0'-'9' (word-wide bit tricks, no per-byte table lookups)."""
+    return ((v & _HIGH) == 0) & ((_zero_bytes(v) | _bytes_in(v, 0x30, 0x39)) == _HIGH)
 
 
 def _hex_column(col: _Column) -> tuple[np.ndarray, np.ndarray]:
@@ -166,16 +180,24 @@ def _hex_column(col: _Column) -> tuple[np.ndarray, np.ndarray]:
     bits, as ``CriteoTSV`` does.
     """
     lengths = col.lengths
-    low, good = col.tail(0, lengths, _HEX_OR_0)
+    low = col.tail(0, lengths)
+    good = _hex_ok(low)
     value = _hex8(low)
     if (lengths > 8).any():
-        high, good_high = col.tail(8, lengths - 8, _HEX_OR_0)
+        high = col.tail(8, lengths - 8)
         value |= _hex8(high) << np.uint64(32)
-        good &= good_high
+        good &= _hex_ok(high)
     good &= lengths <= 16
     out = (value & _LOW63).astype(np.int64)
     out[lengths == 0] = -1
     return out, good
+
+
+def _hex_ok(v: np.ndarray) -> np.ndarray:
+    """Every byte padding, '0'-'9', or (with the case bit set) 'a'-'f'."""
+    ascii_only = (v & _HIGH) == 0
+    hit = _zero_bytes(v) | _bytes_in(v, 0x30, 0x39) | _bytes_in(v | np.uint64(0x20 * _ONES), 0x61, 0x66)
+    return ascii_only & (hit == _HIGH)
 
 
 def _hex8(v: np.ndarray) -> np.ndarray:
@@ -193,12 +215,13 @@ def _dense_column(col: _Column) -> tuple[np.ndarray, np.ndarray]:
     lengths = col.lengths
     negative = (lengths > 1) & (col.first_byte() == ord("-"))
     digits = lengths - negative
-    low, good = col.tail(0, digits, _DIGIT_OR_0)
+    low = col.tail(0, digits)
+    good = _digits_ok(low)
     value = _dec8(low)
     if (digits > 8).any():
-        high, good_high = col.tail(8, digits - 8, _DIGIT_OR_0)
+        high = col.tail(8, digits - 8)
         value += _dec8(high) * np.uint64(10**8)
-        good &= good_high
+        good &= _digits_ok(high)
     good &= digits <= 16
     value[negative] = 0
     # through float64, as numpy turns CriteoTSV's Python ints into float32
