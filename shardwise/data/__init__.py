@@ -6,6 +6,7 @@
   ``PreparedClickLogs`` reads such a folder.
 - ``open_click_logs``: a file, several files, or a prepared folder -> a reader with
   ``batch(start, count) -> Batch`` over this rank's rows.
+- ``AgreedReader``: wraps a reader so a bad line on one rank raises on every rank.
 
 Example:
     >>> from shardwise.data import open_click_logs
@@ -20,13 +21,14 @@ import os
 from pathlib import Path
 from typing import Sequence, Union
 
+from .agree import AgreedReader
 from .categorify import FeatureMapping, IdCounter
 from .prepared import PreparedClickLogs, prepare, read_manifest
 from .reader import DEFAULT_BLOCK_SIZE, ClickLogReader, as_path_list
 
 __all__ = [
     "ClickLogReader", "PreparedClickLogs", "prepare", "read_manifest", "open_click_logs", "IdCounter",
-    "FeatureMapping", "DEFAULT_BLOCK_SIZE",
+    "FeatureMapping", "AgreedReader", "DEFAULT_BLOCK_SIZE",
 ]
 
 

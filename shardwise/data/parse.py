@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,8 +30,6 @@ __all__ = ["ChunkOptions", "ParsedChunk", "parse_chunk", "explain_line"]
 
 _NAMES = ["label", *DENSE_NAMES, *SPARSE_NAMES]
 _LOW63 = np.uint64(2**63 - 1)
-# use_threads: numpy releases the GIL in its loops, so pyarrow's blocks convert side by side too
-_POOL = ThreadPoolExecutor(max(os.cpu_count() or 1, 1), thread_name_prefix="shardwise-convert")
 _ONES = 0x0101010101010101
 _HIGH = np.uint64(0x80 * _ONES)
 # _KEEP_HIGH[w]: a little-endian word's top w bytes (a value's last w bytes end the 8-byte window)
@@ -91,7 +90,7 @@ def parse_chunk(data: bytes, name: str, opts: ChunkOptions,
     has_nul = data.find(b"\0") >= 0
     parts, flagged = [], []
     batches = table.to_batches()
-    converted = _POOL.map(_convert, [rb.columns for rb in batches]) if opts.use_threads and len(batches) > 1 \
+    converted = _pool().map(_convert, [rb.columns for rb in batches]) if opts.use_threads and len(batches) > 1 \
         else map(_convert, [rb.columns for rb in batches])
     for rb, (batch, ok) in zip(batches, converted):
         if has_nul:
@@ -112,6 +111,13 @@ def parse_chunk(data: bytes, name: str, opts: ChunkOptions,
         return ParsedChunk(Batch(np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int64),
                                  np.zeros(0, np.float32)), bad)
     return ParsedChunk(Batch(*(np.concatenate(x) for x in zip(*((b.dense, b.ids, b.labels) for b in out)))), bad)
+
+
+@functools.lru_cache(maxsize=None)
+def _pool() -> ThreadPoolExecutor:
+    """For use_threads: numpy releases the GIL in its loops, so pyarrow's blocks convert side by side.
+    Made on first use, so importing the package starts no threads."""
+    return ThreadPoolExecutor(max(os.cpu_count() or 1, 1), thread_name_prefix="shardwise-convert")
 
 
 def _convert(cols) -> tuple[Batch, np.ndarray]:
