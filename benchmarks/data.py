@@ -11,8 +11,8 @@ On one Criteo-format file (or a generated 200k-line Criteo-like ``.tsv.gz``), in
 
 Times are medians of rounds that run every variant once (rotating order, so background load hits
 them alike); ratios are medians of per-round ratios. Peak RSS of ``prepare`` is measured in fresh
-processes (``ru_maxrss`` of a child, minus the same child doing nothing but imports), for two block
-sizes and for the file given twice (twice the data): it follows the block size, not the file.
+processes (VmHWM after the imports and after preparing), for two block sizes and for the file given
+twice (twice the data): it follows the block size, not the file.
 
     python benchmarks/data.py                              # generated 200k-line .tsv.gz
     python benchmarks/data.py --file day_0.tsv.gz --reps 3
@@ -80,22 +80,28 @@ def time_reader(reader, rows: int) -> float:
 
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys
 sys.path.insert(0, sys.argv[1])
 from shardwise.data import prepare
-if sys.argv[2] != "-":
-    prepare(json.loads(sys.argv[2]), sys.argv[3], block_size=int(sys.argv[4]))
-print(json.dumps({"maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+
+def hwm_mib():   # VmHWM: this process image's peak RSS (ru_maxrss would carry the parent's over exec)
+    for row in open("/proc/self/status"):
+        if row.startswith("VmHWM:"):
+            return int(row.split()[1]) / 1024.0
+
+before = hwm_mib()
+prepare(json.loads(sys.argv[2]), sys.argv[3], block_size=int(sys.argv[4]))
+print(json.dumps({"before": before, "after": hwm_mib()}))
 """
 
 
-def child_peak_rss(files, out, block: int) -> float:
-    """Peak RSS (MiB) of a fresh process that prepares ``files`` (``None``: imports only)."""
+def child_peak_rss(files, out, block: int) -> tuple[float, float]:
+    """Peak RSS (MiB) of a fresh process after its imports, and after it prepared ``files``."""
     root = str(Path(__file__).resolve().parent.parent)
-    arg = "-" if files is None else json.dumps([str(f) for f in files])
-    res = subprocess.run([sys.executable, "-c", _CHILD, root, arg, str(out), str(block)],
-                         capture_output=True, text=True, check=True)
-    return json.loads(res.stdout.strip().splitlines()[-1])["maxrss_kib"] / 1024.0
+    res = subprocess.run([sys.executable, "-c", _CHILD, root, json.dumps([str(f) for f in files]), str(out),
+                          str(block)], capture_output=True, text=True, check=True)
+    rec = json.loads(res.stdout.strip().splitlines()[-1])
+    return rec["before"], rec["after"]
 
 
 def measure_rounds(path: Path, tmp: Path, reps: int, block: int) -> dict:
@@ -141,13 +147,14 @@ def main(argv=None) -> None:
                  "cpus": os.cpu_count()}
         for v, s in med.items():
             emit({"bench": "data", "impl": v, **shape, "seconds": round(s, 3), "rows_per_s": round(rows / s)})
-        rss = {"imports_only": child_peak_rss(None, tmp / "unused", args.block_size)}
+        rss = {}
         for label, files, block in (("block_1x", [path], args.block_size), ("block_4x", [path], 4 * args.block_size),
                                     ("block_1x_file_twice", [path, path], args.block_size)):
             rss[label] = child_peak_rss(files, tmp / f"rss_{label}", block)
         emit({"bench": "data", "impl": "prepare_peak_rss", **shape,
-              **{f"{k}_mib": round(v, 1) for k, v in rss.items()},
-              **{f"{k}_growth_mib": round(v - rss["imports_only"], 1) for k, v in rss.items() if k != "imports_only"}})
+              "after_imports_mib": round(rss["block_1x"][0], 1),
+              **{f"{k}_peak_mib": round(after, 1) for k, (_, after) in rss.items()},
+              **{f"{k}_growth_mib": round(after - before, 1) for k, (before, after) in rss.items()}})
 
         def paired(a, b):
             return round(statistics.median(x / y for x, y in zip(times[a], times[b])), 3)
