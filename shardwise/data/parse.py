@@ -72,45 +72,80 @@ def parse_chunk(data: bytes, name: str, opts: ChunkOptions,
     ``first_line()`` gives the file line number of the chunk's first line; it is asked only when an
     error must be reported (for a byte range of a plain file it costs a count of the bytes before it).
     """
-    invalid: list[int] = []   # 0-based line index (in the chunk) of rows without 40 fields
+    if _odd(data):
+        return _python_chunk(data, name, opts, first_line)
+    invalid: list = []   # rows without 40 fields (pyarrow's row numbers skip empty lines: not used)
 
     def on_invalid(row) -> str:
-        if row.text.strip():
-            invalid.append(row.number)
+        if row.text.strip():     # ASCII here (see _odd), so pyarrow could decode it; blank: not bad
+            invalid.append(row.text)
         return "skip"
 
     # 1 MiB pyarrow blocks, converted one by one: the arrays stay in cache (one big block is 3x slower)
-    table = pacsv.read_csv(pa.BufferReader(data), read_options=pacsv.ReadOptions(
-        column_names=_NAMES, use_threads=opts.use_threads, block_size=1 << 20),
-        parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False, escape_char=False,
-                                         newlines_in_values=False, invalid_row_handler=on_invalid),
-        convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in _NAMES}, check_utf8=False,
-                                             null_values=[], strings_can_be_null=False))
-    # a NUL byte would pass for the zero padding of the fast path: such chunks take the line parser
-    has_nul = data.find(b"\0") >= 0
-    parts, flagged = [], []
-    batches = table.to_batches()
-    converted = _pool().map(_convert, [rb.columns for rb in batches]) if opts.use_threads and len(batches) > 1 \
-        else map(_convert, [rb.columns for rb in batches])
-    for rb, (batch, ok) in zip(batches, converted):
-        if has_nul:
-            ok[:] = False
-        parts.append((rb.columns, batch, ok))
-        flagged.append(not ok.all())
-    if (invalid or any(flagged)) and not opts.skip_bad_lines:
-        _raise_first_error(data, name, first_line)   # returns only if every flagged row is in fact good
+    try:
+        table = pacsv.read_csv(pa.BufferReader(data), read_options=pacsv.ReadOptions(
+            column_names=_NAMES, use_threads=opts.use_threads, block_size=1 << 20),
+            parse_options=pacsv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
+                                             escape_char=False, newlines_in_values=False,
+                                             invalid_row_handler=on_invalid),
+            convert_options=pacsv.ConvertOptions(column_types={n: pa.binary() for n in _NAMES}, check_utf8=False,
+                                                 null_values=[], strings_can_be_null=False))
+    except pa.ArrowInvalid:
+        return _python_chunk(data, name, opts, first_line)
     bad = len(invalid)
+    batches = table.to_batches()
+    converted = list(_pool().map(_convert, [rb.columns for rb in batches]) if opts.use_threads and len(batches) > 1
+                     else map(_convert, [rb.columns for rb in batches]))
+    if (bad or not all(ok.all() for _, ok in converted)) and not opts.skip_bad_lines:
+        # the line parser raises at the first bad line, with its number; if every flagged row was
+        # good after all (a count over 16 digits), its values are the answer
+        return _python_chunk(data, name, opts, first_line)
     out = []
-    for (cols, batch, ok), needs_python in zip(parts, flagged):
-        if needs_python:
-            keep, n_bad = _python_fixups(cols, ok, batch, name)
+    for rb, (batch, ok) in zip(batches, converted):
+        if not ok.all():
+            keep, n_bad = _python_fixups(rb.columns, ok, batch, name)
             bad += n_bad
             batch = Batch(batch.dense[keep], batch.ids[keep], batch.labels[keep])
         out.append(batch)
-    if not out:
-        return ParsedChunk(Batch(np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int64),
-                                 np.zeros(0, np.float32)), bad)
-    return ParsedChunk(Batch(*(np.concatenate(x) for x in zip(*((b.dense, b.ids, b.labels) for b in out)))), bad)
+    return ParsedChunk(_concat(out), bad)
+
+
+def _odd(data: bytes) -> bool:
+    """Bytes the fast path would read differently from CriteoTSV: a NUL (it looks like the fast
+    path's zero padding), a carriage return not ending a line (pyarrow ends the row there), a
+    non-ASCII byte (always an error; pyarrow cannot hand such a row to its handler)."""
+    return not data.isascii() or data.find(b"\0") >= 0 or data.count(b"\r") != data.count(b"\r\n")
+
+
+def _concat(parts: list) -> Batch:
+    if not parts:
+        return Batch(np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int64),
+                     np.zeros(0, np.float32))
+    return Batch(*(np.concatenate(x) for x in zip(*((b.dense, b.ids, b.labels) for b in parts))))
+
+
+def _python_chunk(data: bytes, name: str, opts: ChunkOptions, first_line: Optional[Callable[[], int]]) -> ParsedChunk:
+    """The whole chunk through CriteoTSV's line parser: the first bad line raises (its line number
+    counted only then), or with skip_bad_lines is dropped and counted."""
+    labels, dense, ids, bad = [], [], [], 0
+    for k, raw in enumerate(data.split(b"\n")):
+        if not raw:
+            continue
+        try:
+            parsed = explain_line(raw + b"\n", 0, name)
+        except ValueError:
+            if opts.skip_bad_lines:
+                bad += 1
+                continue
+            explain_line(raw + b"\n", (first_line() if first_line is not None else 1) + k, name)
+            raise AssertionError(f"{name}: the line parser accepted a line it had refused") from None
+        if parsed is not None:
+            labels.append(parsed[0])
+            dense.append(parsed[1])
+            ids.append(parsed[2])
+    batch = Batch(np.asarray(dense, dtype=np.float32).reshape(-1, NUM_DENSE),
+                  np.asarray(ids, dtype=np.int64).reshape(-1, NUM_SPARSE), np.asarray(labels, dtype=np.float32))
+    return ParsedChunk(batch, bad)
 
 
 @functools.lru_cache(maxsize=None)
@@ -266,11 +301,3 @@ def _blank(raw: bytes) -> bool:
         return not raw.decode("ascii").strip()
     except UnicodeDecodeError:
         return False
-
-
-def _raise_first_error(data: bytes, name: str, first_line: Optional[Callable[[], int]]) -> None:
-    """Walk the chunk's lines in order with the line parser; it raises at the first bad one."""
-    base = first_line() if first_line is not None else 1
-    for k, raw in enumerate(data.split(b"\n")):
-        if raw:
-            explain_line(raw + b"\n", base + k, name)

@@ -19,6 +19,9 @@ BAD = {
     "not text": line(cats=["a\xe9"] + ["a"] * 25),
     "int64 range": line(ints=["99999999999999999999"] + ["1"] * 12),
     "plus sign": line(ints=["+5"] + ["1"] * 12),
+    "NUL byte": line(cats=["ab\0"] + ["a"] * 25),
+    "carriage return inside": line(cats=["ab\rcd"] + ["a"] * 25),
+    "not text, short": "1\t\xff\xfe\n",
 }
 
 
@@ -54,7 +57,7 @@ def test_rank_reading_a_later_stripe_names_the_right_line(tmp_path):
 
 
 def test_skip_bad_lines_counts_and_keeps_the_rest(tmp_path):
-    extra = {k: BAD[kind] for k, kind in zip(range(5, 5 + 9 * 40, 40), sorted(BAD))}
+    extra = {k: BAD[kind] for k, kind in zip(range(5, 5 + len(BAD) * 40, 40), sorted(BAD))}
     extra[400] = "\n"          # blank lines are not bad lines (CriteoTSV passes over them)
     path = write_log(tmp_path / "day.tsv", 600, seed=9, extra=extra)
     clean = write_log(tmp_path / "clean.tsv", 600, seed=9, extra={k: "\n" for k in extra})
