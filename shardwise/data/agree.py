@@ -36,6 +36,8 @@ class AgreedReader:
         self.reader, self.device, self.group = reader, torch.device(device), group
 
     def __getattr__(self, name):
+        if name == "reader":      # not set yet (e.g. while unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.reader, name)
 
     def batch(self, start: int, count: int):

@@ -19,6 +19,11 @@ BAD = {
     "not text": line(cats=["a\xe9"] + ["a"] * 25),
     "int64 range": line(ints=["99999999999999999999"] + ["1"] * 12),
     "plus sign": line(ints=["+5"] + ["1"] * 12),
+    "exponent": line(ints=["1e3"] + ["1"] * 12),
+    "underscore": line(ints=["1_000"] + ["1"] * 12),
+    "0x prefix": line(cats=["0x1f"] + ["a"] * 25),
+    "empty label": line(label=""),
+    "negative past int64": line(ints=["-" + "9" * 20] + ["1"] * 12),
     "NUL byte": line(cats=["ab\0"] + ["a"] * 25),
     "carriage return inside": line(cats=["ab\rcd"] + ["a"] * 25),
     "not text, short": "1\t\xff\xfe\n",
@@ -57,8 +62,8 @@ def test_rank_reading_a_later_stripe_names_the_right_line(tmp_path):
 
 
 def test_skip_bad_lines_counts_and_keeps_the_rest(tmp_path):
-    extra = {k: BAD[kind] for k, kind in zip(range(5, 5 + len(BAD) * 40, 40), sorted(BAD))}
-    extra[400] = "\n"          # blank lines are not bad lines (CriteoTSV passes over them)
+    extra = {k: BAD[kind] for k, kind in zip(range(5, 5 + len(BAD) * 30, 30), sorted(BAD))}
+    extra[401] = "\n"          # blank lines are not bad lines (CriteoTSV passes over them)
     path = write_log(tmp_path / "day.tsv", 600, seed=9, extra=extra)
     clean = write_log(tmp_path / "clean.tsv", 600, seed=9, extra={k: "\n" for k in extra})
     ref = CriteoTSV(clean)

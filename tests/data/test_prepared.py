@@ -101,6 +101,9 @@ def test_categorify_matches_a_plain_count_across_blocks_and_files(tmp_path):
 
 
 def test_cli_prepare_prints_table_sizes(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["data", "prepare", "--help"])
+    assert e.value.code == 0 and "--categorify" in capsys.readouterr().out
     a = write_log(tmp_path / "a.tsv.gz", 200, seed=27, gz=True)
     assert main(["data", "prepare", str(a), "--out", str(tmp_path / "p"), "--categorify", "--min-count", "2",
                  "--block-size", "64KiB"]) == 0

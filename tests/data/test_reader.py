@@ -70,3 +70,13 @@ def test_gz_and_plain_agree_byte_for_byte(tmp_path):
     x = ClickLogReader(plain, block_size=4096).batch(0, 700)
     y = ClickLogReader(tmp_path / "d.tsv.gz", block_size=4096).batch(0, 700)
     _same(x, y)
+
+
+def test_extremes_of_int64(tmp_path):
+    ints = [str(2**63 - 1), "-" + str(2**63 - 1), "0" * 30 + "12", "-0"] + ["1"] * 9
+    cats = ["f" * 16, "7" + "f" * 15, "8" + "0" * 15, "0" * 16, "FfFf"] + ["1"] * 21
+    (tmp_path / "x.tsv").write_text(line(ints=ints, cats=cats) * 3)
+    ref = CriteoTSV(tmp_path / "x.tsv")
+    got = ClickLogReader(tmp_path / "x.tsv").batch(0, 3)
+    _same(got, ref)
+    assert got.ids[0, :5].tolist() == [2**63 - 1, 2**63 - 1, 0, 0, 0xFFFF] and got.dense[0, 0] == float(2**63 - 1)
