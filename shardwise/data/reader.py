@@ -94,12 +94,19 @@ class ClickLogReader:
         """One pass over this rank's rows: (index of the source file, Batch) per parsed block."""
         first_stripe = 0
         for k, src in enumerate(self.sources):
-            for chunk in src.chunks(self.block_size, self.rank, self.world, first_stripe):
-                parsed = parse_chunk(chunk.data, src.path.name, self.opts, chunk.first_line)
-                if count_bad:
-                    self.bad_lines += parsed.bad_lines
-                if len(parsed.batch.labels):
-                    yield k, parsed.batch
+            chunks = src.chunks(self.block_size, self.rank, self.world, first_stripe)
+            # reading (and inflating) the next chunk overlaps parsing this one: zlib and file reads
+            # release the GIL
+            chunks = _Prefetch(chunks) if self.prefetch else _Plain(chunks)
+            try:
+                for chunk in iter(lambda: next(chunks, _END), _END):
+                    parsed = parse_chunk(chunk.data, src.path.name, self.opts, chunk.first_line)
+                    if count_bad:
+                        self.bad_lines += parsed.bad_lines
+                    if len(parsed.batch.labels):
+                        yield k, parsed.batch
+            finally:
+                chunks.close()
             first_stripe += src.stripes_seen
 
     def batch(self, start: int, count: int) -> Batch:

@@ -126,8 +126,16 @@ class Source:
         self.stripes_seen = j
 
     def _read(self, fh, n: int) -> bytes:
+        """Exactly n bytes (fewer only at the end): stripes of a .gz must line up with the plain file's."""
         try:
-            return fh.read(n)
+            parts, got = [], 0
+            while got < n:
+                part = fh.read(n - got)
+                if not part:
+                    break
+                parts.append(part)
+                got += len(part)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
         except (OSError, EOFError, zlib.error) as e:
             raise ValueError(f"{str(self.path)!r}: the gzip stream is damaged or cut short ({e}); fetch or "
                              f"compress the file again (`gzip -t` checks it)") from None
