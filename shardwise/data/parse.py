@@ -114,7 +114,7 @@ def _odd(data: bytes) -> bool:
     """Bytes the fast path would read differently from CriteoTSV: a NUL (it looks like the fast
     path's zero padding), a carriage return not ending a line (pyarrow ends the row there), a
     non-ASCII byte (always an error; pyarrow cannot hand such a row to its handler)."""
-    return not data.isascii() or data.find(b"\0") >= 0 or data.count(b"\r") != data.count(b"\r\n")
+    return not data.isascii() or b"\0" in data or (b"\r" in data and data.count(b"\r") != data.count(b"\r\n"))
 
 
 def _concat(parts: list) -> Batch:
