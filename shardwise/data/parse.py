@@ -1,13 +1,14 @@
 """One chunk of whole Criteo lines (bytes) -> a ``Batch``: pyarrow tokenizes, numpy converts.
 
 Every field is read as raw bytes, checked and converted with numpy over whole columns (no Python
-loop per value: each column's bytes are gathered into a right-aligned matrix). Rows not accepted
-outright go through the line parser of ``shardwise.train.data`` one by one, so the values and the
-error messages are exactly those of ``CriteoTSV``; only chunks that hold such rows pay for it.
+loop per value: one 8-byte word load per value, then bit tricks on uint64 vectors). Rows not
+accepted outright go through the line parser of ``shardwise.train.data`` one by one, so the values
+and the error messages are exactly those of ``CriteoTSV``; only such rows pay for it (a bad line in
+raise mode: its whole chunk, to find and number the first one).
 
 Example:
-    >>> out = parse_chunk(b"1\\t" + b"\\t" * 12 + b"\\t".join([b"ab"] * 26) + b"\\n", "f.tsv", ChunkOptions())
-    >>> out.batch.ids[0, 0], out.bad_lines
+    >>> out = parse_chunk(b"1\\t" + b"\\t" * 13 + b"\\t".join([b"ab"] * 26) + b"\\n", "f.tsv", ChunkOptions())
+    >>> int(out.batch.ids[0, 0]), out.bad_lines
     (171, 0)
 """
 
@@ -95,17 +96,17 @@ def parse_chunk(data: bytes, name: str, opts: ChunkOptions,
     except pa.ArrowInvalid:
         return _python_chunk(data, name, opts, first_line)
     bad = len(invalid)
+    if bad and not opts.skip_bad_lines:
+        return _python_chunk(data, name, opts, first_line)   # raises at the first bad line, numbered
     batches = table.to_batches()
     converted = list(_pool().map(_convert, [rb.columns for rb in batches]) if opts.use_threads and len(batches) > 1
                      else map(_convert, [rb.columns for rb in batches]))
-    if (bad or not all(ok.all() for _, ok in converted)) and not opts.skip_bad_lines:
-        # the line parser raises at the first bad line, with its number; if every flagged row was
-        # good after all (a count over 16 digits), its values are the answer
-        return _python_chunk(data, name, opts, first_line)
     out = []
     for rb, (batch, ok) in zip(batches, converted):
-        if not ok.all():
+        if not ok.all():   # rows the fast path flagged: good after all (a count over 16 digits) or bad
             keep, n_bad = _python_fixups(rb.columns, ok, batch, name)
+            if n_bad and not opts.skip_bad_lines:
+                return _python_chunk(data, name, opts, first_line)
             bad += n_bad
             batch = Batch(batch.dense[keep], batch.ids[keep], batch.labels[keep])
         out.append(batch)
