@@ -48,9 +48,13 @@ def test_bad_line_raises_the_line_readers_message(tmp_path, kind, gz):
     assert got == want.replace("day.tsv", path.name)
 
 
-def test_rank_reading_a_later_stripe_names_the_right_line(tmp_path):
+@pytest.mark.parametrize("gz", [False, True])
+def test_rank_reading_a_later_stripe_names_the_right_line(tmp_path, gz):
     path = write_log(tmp_path / "day.tsv", 1300, seed=8, extra={1250: BAD["hex"]})
     want = _message(CriteoTSV, path)
+    if gz:
+        path = write_log(tmp_path / "day.tsv.gz", 1300, seed=8, gz=True, extra={1250: BAD["hex"]})
+        want = want.replace("day.tsv", "day.tsv.gz")
     readers = [ClickLogReader(path, rank=r, world=2, block_size=16384) for r in range(2)]
     msgs = []
     for r in readers:
