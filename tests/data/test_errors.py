@@ -5,7 +5,7 @@ import gzip
 import pytest
 
 from shardwise.data import ClickLogReader, PreparedClickLogs, open_click_logs, prepare
-from shardwise.train.data import NUM_SPARSE, CriteoTSV
+from shardwise.train.data import CriteoTSV
 
 from .common import line, write_log
 
@@ -130,4 +130,3 @@ def test_argument_checks(tmp_path):
         msg = _message(ClickLogReader, f, rank=rank, world=2)
         assert "cannot feed 2 ranks" in msg and "smaller block_size" in msg
     assert "start=-1" in _message(ClickLogReader(f).batch, -1, 4)
-    assert NUM_SPARSE == 26
