@@ -99,7 +99,7 @@ class ClickLogReader:
             # release the GIL
             chunks = _Prefetch(chunks) if self.prefetch else _Plain(chunks)
             try:
-                for chunk in iter(lambda: next(chunks, _END), _END):
+                for chunk in chunks:
                     parsed = parse_chunk(chunk.data, src.path.name, self.opts, chunk.first_line)
                     if count_bad:
                         self.bad_lines += parsed.bad_lines
@@ -170,6 +170,9 @@ class _Plain:
     def __init__(self, gen):
         self.gen = gen
 
+    def __iter__(self):
+        return self
+
     def __next__(self):
         return next(self.gen)
 
@@ -188,6 +191,9 @@ class _Prefetch:
 
     def _pull(self):
         return next(self.gen, _END)
+
+    def __iter__(self):
+        return self
 
     def __next__(self):
         item = self.fut.result()
