@@ -4,6 +4,7 @@ Example::
 
     shardwise train                         # 2 local processes, synthetic click log, report in ./shardwise-report
     shardwise train --data day_0.tsv --steps 2000 --nproc-per-node 4
+    shardwise data prepare day_0.tsv.gz --out prepared --categorify
     shardwise plan --tables 8 --rows 1000000 --dim 64 --world 4
     shardwise bench
     shardwise validate --op mm
@@ -23,9 +24,11 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardwise", description="Shard PyTorch training across processes and machines.")
-    sub = p.add_subparsers(dest="command", metavar="{train,plan,bench,validate}")
+    sub = p.add_subparsers(dest="command", metavar="{train,plan,data,bench,validate}")
     sub.required = True
     _train_parser(sub)
+    from .data.cli import add_data_commands   # `shardwise data prepare`; its handler rides on the namespace
+    add_data_commands(sub)
     pl = sub.add_parser("plan", help="print a sharding plan for N equal tables, without training",
                         description="Plan N tables of R rows x D columns over W ranks and print the table.")
     pl.add_argument("--tables", type=int, default=8, help="number of tables (default %(default)s)")
@@ -168,7 +171,9 @@ def main(argv: Optional[list] = None) -> int:
         return validate_main(argv[1:])
     ns = build_parser().parse_args(argv)
     try:
-        return {"train": _cmd_train, "plan": _cmd_plan, "bench": _cmd_bench}[ns.command](ns)
+        handler = getattr(ns, "handler", None) or \
+            {"train": _cmd_train, "plan": _cmd_plan, "bench": _cmd_bench}[ns.command]
+        return handler(ns)
     except ValueError as e:
         print(f"shardwise {ns.command}: error: {e}", file=sys.stderr)
         return 2
