@@ -72,7 +72,7 @@ def _train_parser(sub) -> None:
 
 def _cmd_train(ns) -> int:
     from .train.checkpoint import resume_point
-    from .train.data import CriteoTSV
+    from .train.data import check_logs
     from .train.launch import launch
     from .train.worker import check_output_paths, config_from_args
 
@@ -84,9 +84,13 @@ def _cmd_train(ns) -> int:
     check_output_paths(cfg)
     # decided here, once for this machine's processes: NCCL refuses two ranks on one GPU
     cfg.device = choose_device(cfg.device, ns.nproc_per_node, torch.cuda.device_count())
+    if cfg.eval_fraction and not Path(cfg.data).is_dir():
+        raise ValueError(f"--eval-fraction holds out the end of --data, which a stream of text logs does not know "
+                         f"in advance: prepare them first (shardwise data prepare {cfg.data.replace(',', ' ')} "
+                         f"--out DIR, then --data DIR) or pass --eval-data")
     for path in (cfg.data, cfg.eval_data):
         if path:
-            CriteoTSV(path)   # a malformed file fails here, before any process starts
+            check_logs(path, cfg.skip_bad_lines)   # a malformed input fails here, before any process starts
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
     try:

@@ -46,6 +46,7 @@ class TrainConfig:
     max_rows: Optional[int] = None       # cap every table; ids fold modulo its size
     eval_data: Optional[str] = None      # held-out file scored at the end
     eval_fraction: Optional[float] = None   # or: the last fraction of --data, never trained on
+    skip_bad_lines: bool = False         # skip and count malformed log lines instead of failing
     threads: Optional[int] = None        # None: this host's cores / the ranks on this host
     device: Optional[str] = None         # "cuda" | "cpu"; None: cuda when every local process has a GPU
     eval_examples: int = 8192

@@ -207,6 +207,28 @@ def _parse_line(line: str, line_no: int, name: str):
     return int(fields[0]), dense, ids
 
 
+class PerRank:
+    """A reader of this rank's own rows (text logs split into per-rank stripes by
+    ``shardwise.data``) behind the job's global indexing, where rank r's part of a step starts at
+    ``cursor + r * count`` and the cursor advances by ``world * count``: that is row
+    ``(start - r * count) // world`` of this rank's stream.
+
+    Example:
+        >>> PerRank(SyntheticClicks(0, default_cardinalities(100)), rank=1, world=2).batch(10, 5).labels.shape
+        (5,)
+    """
+
+    def __init__(self, reader, rank: int, world: int):
+        self.reader, self.rank, self.world = reader, rank, world
+
+    def batch(self, start: int, count: int) -> Batch:
+        return self.reader.batch(max(0, start - self.rank * count) // self.world, count)
+
+    @property
+    def bad_lines(self) -> int:
+        return getattr(self.reader, "bad_lines", 0)
+
+
 class Rows:
     """Rows [start, stop) of a finite log, cycled: what training reads when the end is held out, or
     the held-out end itself.
@@ -238,6 +260,29 @@ class Rows:
             i = j + 1
         return Batch(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]),
                      np.concatenate([p.labels for p in parts]))
+
+
+_FULL_CHECK_BYTES = 256 << 20
+
+
+def check_logs(path: str, skip_bad_lines: bool = False) -> None:
+    """Before launch: the inputs exist and are what they claim (gzip, a prepared folder's manifest and
+    sizes); text logs up to 256 MiB are parsed whole, so a bad line fails here rather than in the
+    job (larger ones fail in the job, on every rank together)."""
+    import os
+
+    from ..data import PreparedClickLogs, open_click_logs
+
+    paths = [p for p in path.split(",") if p]
+    reader = open_click_logs(paths, 0, 1, skip_bad_lines=skip_bad_lines, prefetch=False)
+    if isinstance(reader, PreparedClickLogs) or sum(os.path.getsize(p) for p in paths) > _FULL_CHECK_BYTES:
+        return
+    try:
+        for _ in reader.blocks():
+            pass
+        reader.batch(0, 1)     # raises when the logs hold no example at all
+    finally:
+        reader.close()
 
 
 def open_data(path, seed: int, cardinalities: Sequence[int]):

@@ -22,7 +22,7 @@ from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingTyp
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .budget import budget_bytes, table_sizes
-from .data import Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
+from .data import PerRank, Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
 from .model import DenseArch, auc, make_ebc, make_tables
 from .progress import Progress, console
@@ -46,6 +46,9 @@ def plan_to_json(plan: dict) -> dict:
 def plan_from_json(raw: dict) -> dict:
     return {t: ParameterSharding(ShardingType(v["type"]), None if v["ranks"] is None else tuple(v["ranks"]),
                                  v["host"]) for t, v in raw.items()}
+
+
+_SPLIT_BYTES = 64 << 20   # text logs above this are split into per-rank stripes (each rank parses its own)
 
 
 class Trainer:
@@ -87,16 +90,37 @@ class Trainer:
         """(training log, held-out log, what the eval scores): the synthetic log's eval examples lie far
         beyond any training cursor; a file's come from --eval-data or its last --eval-fraction."""
         cfg = self.cfg
-        data = open_data(cfg.data, cfg.seed, self.cards)
+        data = self._open(cfg.data)
         if cfg.eval_data:
-            return data, open_data(cfg.eval_data, cfg.seed, self.cards), f"held-out file {cfg.eval_data}"
+            return data, self._open(cfg.eval_data), f"held-out file {cfg.eval_data}"
         if cfg.eval_fraction:
+            if not hasattr(data, "__len__"):
+                raise ValueError(f"--eval-fraction needs to know where --data ends: prepare it first "
+                                 f"(shardwise data prepare {cfg.data} --out DIR, then --data DIR) or pass --eval-data")
             n = len(data)
             cut = n - max(1, int(round(n * cfg.eval_fraction)))
             return Rows(data, 0, cut), Rows(data, cut, n), f"last {n - cut} of {n} rows of {cfg.data} (held out)"
         if isinstance(data, SyntheticClicks):
             return data, None, "held-out synthetic examples"
         return data, None, f"first rows of {cfg.data} (also trained on: pass --eval-data or --eval-fraction)"
+
+    def _open(self, path: Optional[str]):
+        """The synthetic log, a prepared folder (memory-mapped; every rank indexes the global rows) or
+        text logs (comma-separated; each rank parses only its own stripes), where a bad line on one rank
+        raises on every rank."""
+        if not path:
+            return open_data(None, self.cfg.seed, self.cards)
+        from ..data import AgreedReader, open_click_logs
+
+        paths = [p for p in path.split(",") if p]
+        if len(paths) == 1 and Path(paths[0]).is_dir():
+            return open_click_logs(paths, 0, 1)
+        # small logs: every rank reads all of it (global rows); large ones: each rank its own stripes
+        split = sum(os.path.getsize(p) for p in paths) > _SPLIT_BYTES and self.world > 1
+        reader = open_click_logs(paths, self.rank if split else 0, self.world if split else 1,
+                                 skip_bad_lines=self.cfg.skip_bad_lines)
+        reader = AgreedReader(reader, self.device)
+        return PerRank(reader, self.rank, self.world) if split else reader
 
     def _resume_meta(self) -> Optional[dict]:
         if not self.cfg.resume:
@@ -273,7 +297,8 @@ class Trainer:
         """AUC of the final model on the held-out examples (``self.eval_source`` says which)."""
         n = max(self.cfg.eval_examples // self.world, 1)
         if self.eval_data is not None:
-            n = max(1, min(n, len(self.eval_data) // self.world))
+            if hasattr(self.eval_data, "__len__"):
+                n = max(1, min(n, len(self.eval_data) // self.world))
             batch = self.eval_data.batch(self.rank * n, n)
             dense, kjt, labels = to_model_inputs(batch, self.cards, self.device)
         else:
@@ -290,6 +315,9 @@ class Trainer:
                        self.sparse.load_stats().per_rank())
         close_segment(self.story, self.step)
         eval_auc = self.evaluate()
+        bad = torch.tensor([getattr(self.data, "bad_lines", 0)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(bad)
+        self.bad_lines = int(bad.item())   # skipped with --skip-bad-lines, all ranks
         if self.rank != 0:
             return None
         from .report import build_metrics, write_report

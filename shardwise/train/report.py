@@ -92,7 +92,7 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
         "world_size": tr.world, "steps": tr.step, **counts, "elastic_restarts": counts["restarts"],
         "batch_size_per_rank": cfg.batch_size, "dense_parallel": cfg.dense_parallel,
         "data": cfg.data or f"synthetic(seed={cfg.seed})",
-        "eval_data": tr.eval_source,
+        "eval_data": tr.eval_source, "bad_lines_skipped": getattr(tr, "bad_lines", 0),
         "table_sizes": list(tr.cards),
         "memory_per_rank_bytes": tr.memory_bytes, "memory_per_rank_source": tr.memory_source,
         "loss": {"step": h["step"], "value": h["loss"],

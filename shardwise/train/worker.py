@@ -55,7 +55,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="save a checkpoint every K steps and at the end; 0 = never (default %(default)s)")
     p.add_argument("--checkpoint-dir", default=None, help="checkpoint folder (default: OUT/checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the newest committed checkpoint")
-    p.add_argument("--data", default=None, help="Criteo-format TSV file (default: the built-in synthetic click log)")
+    p.add_argument("--data", default=None,
+                   help="Criteo-format logs: a .tsv or .tsv.gz file, several comma-separated, or a folder made by "
+                        "`shardwise data prepare` (default: the built-in synthetic click log)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed for data and initialisation (default %(default)s)")
     p.add_argument("--dense-parallel", choices=("compile", "ddp"), default=d.dense_parallel,
                    help="data parallelism of the dense MLPs (default %(default)s)")
@@ -70,7 +72,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="the 26 table sizes (TorchRec's DLRM flag; wins over --rows)")
     p.add_argument("--max-rows", type=int, default=None,
                    help="cap every table at M rows; ids fold modulo the table size (DLRM's max index range)")
-    p.add_argument("--eval-data", default=None, help="held-out Criteo-format file scored at the end")
+    p.add_argument("--eval-data", default=None, help="held-out Criteo-format file(s) or prepared folder scored at the end")
+    p.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip malformed lines of --data (counted in metrics.json) instead of failing every rank")
     p.add_argument("--eval-fraction", type=float, default=None,
                    help="hold out the last fraction F of --data (never trained on) and score it at the end")
     p.add_argument("--threads", type=int, default=None,
@@ -90,7 +94,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
                        memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads,
                        num_embeddings_per_feature=ns.num_embeddings_per_feature, max_rows=ns.max_rows,
-                       eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
+                       eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
 
 
 def check_output_paths(cfg: TrainConfig) -> None:

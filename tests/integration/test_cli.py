@@ -259,7 +259,7 @@ def _write_log(path, seed: int, n: int) -> None:
 
 
 def test_table_sizes_and_held_out_eval_from_the_user(tmp_path):
-    train, held = tmp_path / "day_0.tsv", tmp_path / "day_1.tsv"
+    train, held = tmp_path / "day_0.tsv.gz", tmp_path / "day_1.tsv"
     _write_log(train, 1, 300)
     _write_log(held, 2, 120)
     sizes = [7 + 13 * i for i in range(26)]
@@ -272,8 +272,29 @@ def test_table_sizes_and_held_out_eval_from_the_user(tmp_path):
     assert m["data"] == str(train) and m["eval_data"] == f"held-out file {held}"
     assert m["auc"]["eval"] is None or 0.0 <= m["auc"]["eval"] <= 1.0
     assert m["memory_per_rank_source"].startswith("measured on rank 0") and m["memory_per_rank_bytes"] > 2**20
-    mf = _train(tmp_path / "f", "--data", str(train), "--eval-fraction", "0.2", "--steps", "4", "--batch-size",
-                "32", "--checkpoint-every", "0", "--reshard-at", "0", "--dense-parallel", "ddp",
-                "--memory-per-rank", "64MiB")
-    assert mf["eval_data"] == f"last 60 of 300 rows of {train} (held out)"
+    mf = _train(tmp_path / "f", "--data", str(train), "--steps", "4", "--batch-size", "32", "--checkpoint-every",
+                "0", "--reshard-at", "0", "--dense-parallel", "ddp", "--memory-per-rank", "64MiB")
     assert mf["memory_per_rank_bytes"] == 64 << 20 and mf["memory_per_rank_source"] == "--memory-per-rank"
+    assert mf["eval_data"].startswith("first rows of") and "also trained on" in mf["eval_data"]
+
+
+def test_prepare_then_train_with_bad_lines_skipped(tmp_path, capsys):
+    logs = [tmp_path / "day_0.tsv.gz", tmp_path / "day_1.tsv"]
+    _write_log(logs[0], 3, 150)
+    _write_log(logs[1], 4, 150)
+    with open(logs[1], "a") as f:
+        f.write("1\tnot-a-number" + "\t" * 38 + "\n")
+    prepared = tmp_path / "prepared"
+    assert main(["data", "prepare", str(logs[0]), str(logs[1]), "--out", str(prepared), "--skip-bad-lines",
+                 "--categorify", "--min-count", "2"]) == 0
+    flag = next(line for line in capsys.readouterr().out.splitlines() if "--num-embeddings-per-feature" in line)
+    sizes = flag.split("--num-embeddings-per-feature")[1].split()[0]
+    m = _train(tmp_path / "r", "--data", str(prepared), "--eval-fraction", "0.1", "--num-embeddings-per-feature",
+               sizes, "--steps", "4", "--batch-size", "32", "--checkpoint-every", "0", "--reshard-at", "0",
+               "--dense-parallel", "ddp")
+    assert m["table_sizes"] == [int(x) for x in sizes.split(",")]
+    assert m["eval_data"] == f"last 30 of 300 rows of {prepared} (held out)"
+    # the text logs themselves, several files at once, the bad line skipped and counted
+    m2 = _train(tmp_path / "r2", "--data", f"{logs[0]},{logs[1]}", "--skip-bad-lines", "--steps", "4",
+                "--batch-size", "32", "--checkpoint-every", "0", "--reshard-at", "0", "--dense-parallel", "ddp")
+    assert m2["steps"] == 4 and m2["bad_lines_skipped"] >= 1

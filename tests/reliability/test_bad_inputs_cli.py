@@ -70,7 +70,7 @@ DATA_ROWS = [
     (f"{_with(2, '+5')}\n", "field I2: '+5' is not an integer"),
     (f"{_with(2, '1_000')}\n", "field I2: '1_000' is not an integer"),
     (f"{_with(30, '0x1f')}\n", "field C17: '0x1f' is not a hex id"),
-    ("", "no examples; the file is empty"),
+    ("", "the file is empty"),
     ("\n\n", "no examples"),
 ]
 
@@ -155,3 +155,10 @@ def test_other_subcommands_reject_bad_flags(argv, fragment, capsys):
     assert main(argv) == 2
     err = capsys.readouterr()
     assert fragment in err.err + err.out, err
+
+
+def test_eval_fraction_of_text_logs_is_refused_before_launch(tmp_path, capsys):
+    path = tmp_path / "day.tsv"
+    path.write_text(GOOD + "\n")
+    assert main(["train", "--data", str(path), "--eval-fraction", "0.1", "--out", str(tmp_path / "r")]) == 2
+    assert "prepare them first" in capsys.readouterr().err
