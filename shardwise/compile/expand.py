@@ -67,7 +67,9 @@ class DTensorExpandMode(ParallelMode):
                 raise TypeError(f"DTensorExpandMode got {name} twice (positionally and by keyword)")
         input_placements, param_placements = (tuple(rest) + (input_placements, param_placements)[len(rest):])[:2]
         if input_placements is None:
-            raise TypeError("DTensorExpandMode needs input_placements: one [Shard(d)] or [Replicate()] per batch argument")
+            raise TypeError(
+                "DTensorExpandMode needs input_placements: one [Shard(d)] or [Replicate()] per batch argument"
+            )
         pls = [tuple(p) for p in input_placements]
         for i, p in enumerate(pls):
             if len(p) != 1 or not isinstance(p[0], (Shard, Replicate)):

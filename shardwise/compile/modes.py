@@ -49,11 +49,13 @@ class Signature:
 class ParallelMode(abc.ABC):
     """Base class of compile-mode parallelism strategies.
 
-    ``mesh`` is a 1-D ``DeviceMesh``; left ``None`` it becomes all ranks of the default process group
-    (on the group's device) when first used, so a mode can be built before ``init_process_group``.
+    ``mesh`` is a ``DeviceMesh`` of ``mesh_ndim`` dims (1 for the built-in modes); left ``None`` it becomes
+    all ranks of the default process group (on the group's device) when first used, so a mode can be
+    built before ``init_process_group``.
     """
 
     _mesh: Any = None
+    mesh_ndim: int | None = 1  # the mesh dims a mode works on (None: any); both built-in modes are 1-D
 
     @property
     def mesh(self):
@@ -65,10 +67,10 @@ class ParallelMode(abc.ABC):
 
     @mesh.setter
     def mesh(self, mesh) -> None:
-        if mesh is not None and getattr(mesh, "ndim", None) != 1:
+        if mesh is not None and self.mesh_ndim is not None and getattr(mesh, "ndim", None) != self.mesh_ndim:
             raise ValueError(
-                f"{type(self).__name__} needs a 1-D DeviceMesh, got {mesh!r}; leave mesh=None for all ranks of "
-                "the default process group, or build one with init_device_mesh(device_type, (world_size,))"
+                f"{type(self).__name__} needs a {self.mesh_ndim}-D DeviceMesh, got {mesh!r}; leave mesh=None for "
+                "all ranks of the default process group, or build one with init_device_mesh(device_type, (world_size,))"
             )
         self._mesh = mesh
 

@@ -4,8 +4,9 @@
 * :func:`run_on_ranks` calls a module-level ``fn(rank, world_size, *args, **kwargs)`` on N ranks from a
   session-wide, reused worker pool; failures and hangs raise :class:`DistributedTestError` /
   :class:`DistributedTestTimeout` with every rank's traceback or stack. Inside ``fn``,
-  :func:`worker_mesh` gives a cached ``DeviceMesh`` and :func:`worker_device` this rank's device. Each rank runs with its own ``PYTHONHASHSEED``, so
-  code that orders collectives by ``hash()`` fails loudly in tests.
+  :func:`worker_mesh` gives a cached ``DeviceMesh`` and :func:`worker_device` this rank's device.
+  Each rank runs with its own ``PYTHONHASHSEED``, so code that orders collectives by ``hash()``
+  fails loudly in tests.
 * :mod:`simulate`: per-rank lists and the collectives on them, for single-process rule tests.
 * comparison helpers that name what differs.
 
