@@ -8,13 +8,14 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from .._device import default_mesh, local_device
+
 __all__ = ["Topology"]
 
 
 def _device_for(device_type: str) -> torch.device:
-    if device_type == "cuda":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(device_type)
+    # this rank's device of the mesh's type: cuda:LOCAL_RANK, never a guess from the backend name
+    return local_device(device_type)
 
 
 @dataclass(frozen=True)
@@ -39,11 +40,7 @@ class Topology:
             raise RuntimeError("shard() needs an initialised torch.distributed process group; "
                                "call dist.init_process_group first")
         if mesh is None:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            backend = dist.get_backend()
-            device_type = "cuda" if backend == "nccl" else "cpu"
-            mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+            mesh = default_mesh("shard()")
         if not hasattr(mesh, "ndim") or not hasattr(mesh, "device_type"):
             raise TypeError(f"mesh must be a torch DeviceMesh, got {type(mesh).__name__}")
         ranks = mesh.mesh.flatten().tolist()
