@@ -15,9 +15,9 @@ clobber bytes still to be read: there is no ordering hazard to track and no help
 Example (the cut is plain data; pieces from :func:`~shardwise.embedding.reshard.pieces.plan_pieces`):
     >>> import torch
     >>> a = torch.zeros(3, 4)
-    >>> msgs = cut_messages([Item(0, 1, 3, 16, a, None)], chunk_bytes=32)
+    >>> msgs = cut_messages([Item(0, 1, 3, 16, a, None), Item(0, 1, 1, 2, a[0, :1], None)], chunk_bytes=32)
     >>> [(m.nbytes, [s.rows for s in m.segments]) for m in msgs]
-    [(32, [(0, 2)]), (16, [(2, 3)])]
+    [(32, [(0, 2)]), (16, [(2, 3)]), (2, [(0, 1)])]
 """
 
 from __future__ import annotations
@@ -75,23 +75,27 @@ class Message:
 
 
 def cut_messages(items: list, chunk_bytes: int) -> list:
-    """Messages of one (source, destination) pair: items' rows in order, at most ``chunk_bytes`` per
-    message (a single row larger than that travels alone). A pure function of shared data."""
-    out, cur = [], Message()
+    """Messages of one (source, destination) pair, a pure function of shared data: each item's rows
+    in order, at most ``chunk_bytes`` per message (a single row larger than that travels alone).
+    Parts of at least an eighth of a chunk travel alone, so a contiguous view goes out and lands
+    without a copy; smaller parts share packed messages."""
+    out, small = [], Message()
     for it in items:
-        r = 0
-        while r < it.rows:
-            start = -(-cur.nbytes // 8) * 8 if cur.segments else 0
-            take = min(it.rows - r, max(0, chunk_bytes - start) // max(1, it.row_bytes))
-            if take == 0 and cur.segments:
-                out.append(cur)
-                cur = Message()
+        per = max(1, chunk_bytes // max(1, it.row_bytes))
+        for r in range(0, it.rows, per):
+            r1 = min(it.rows, r + per)
+            if (r1 - r) * it.row_bytes * 8 >= chunk_bytes:
+                alone = Message()
+                alone.add(it, r, r1)
+                out.append(alone)
                 continue
-            take = max(take, 1)
-            cur.add(it, r, r + take)
-            r += take
-    if cur.segments:
-        out.append(cur)
+            start = -(-small.nbytes // 8) * 8 if small.segments else 0
+            if small.segments and start + (r1 - r) * it.row_bytes > chunk_bytes:
+                out.append(small)
+                small = Message()
+            small.add(it, r, r1)
+    if small.segments:
+        out.append(small)
     return out
 
 
