@@ -48,7 +48,7 @@ def plan_from_json(raw: dict) -> dict:
                                  v["host"]) for t, v in raw.items()}
 
 
-_SPLIT_BYTES = 64 << 20   # text logs above this are split into per-rank stripes (each rank parses its own)
+_SPLIT_BYTES = 16 << 20   # text logs above this are split into per-rank stripes (each rank parses its own)
 
 
 class Trainer:
