@@ -67,3 +67,37 @@ def test_malformed_tsv_names_line_and_field(tmp_path, bad, where):
     path.write_text(_line() + bad)
     with pytest.raises(ValueError, match=where):
         CriteoTSV(path)
+
+
+def test_per_rank_streams_cover_the_log_once_per_pass(tmp_path):
+    # the job's indexing (rank r reads cursor + r*b, the cursor advancing by world*b) over rank-split
+    # text streams: over one pass the ranks' rows together are the file's rows, each exactly once
+    from shardwise.data import ClickLogReader
+    from shardwise.train.data import CriteoTSV, PerRank
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "day.tsv"
+    path.write_text("".join(_line(str(i % 2), ints=[str(i)] + [str(int(x)) for x in rng.integers(0, 9, 12)],
+                                  cats=[format(int(x), "x") for x in rng.integers(0, 2**32, 26)])
+                            for i in range(3000)))
+    world, b = 2, 16
+    readers = [PerRank(ClickLogReader(str(path), r, world, block_size=4096, prefetch=False), r, world)
+               for r in range(world)]
+    seen = {r: [] for r in range(world)}
+    counts = []
+    for r in range(world):
+        reader = ClickLogReader(str(path), r, world, block_size=4096, prefetch=False)
+        n = 0
+        for _, batch in reader.blocks():
+            n += len(batch.labels)
+        counts.append(n)
+    assert sum(counts) == 3000 and min(counts) > 0
+    cursor = 0
+    for _ in range(max(counts) // b + 1):
+        for r in range(world):
+            got = readers[r].batch(cursor + r * b, b)
+            seen[r].append(got.dense[:, 0])
+        cursor += world * b
+    firsts = np.concatenate([np.concatenate(seen[r])[:counts[r]] for r in range(world)])
+    assert sorted(firsts.astype(int).tolist()) == list(range(3000))   # I1 holds the line number
+    assert len(CriteoTSV(str(path))) == 3000
