@@ -189,8 +189,12 @@ def all_to_all_dims(
     split = [pieces.shape[0] // n] * n
     group = _group(mesh, mesh_dim)
     fc = _apis(group)[0]
+    # gloo has no complex all-to-all: move complex values as (real, imag) pairs of the real dtype
+    wire = torch.view_as_real(pieces) if pieces.is_complex() else pieces
     with _explained("all_to_all", mesh, mesh_dim):
-        out = fc.wait_tensor(fc.all_to_all_single(pieces, split, split, group))
+        out = fc.wait_tensor(fc.all_to_all_single(wire, split, split, group))
+    if pieces.is_complex():
+        out = torch.view_as_complex(out)
     # out[k] is rank k's src chunk of my dst piece; concatenating along src_dim rebuilds that dim
     out = torch.cat(out.unbind(0), dim=src_dim).narrow(src_dim, 0, src_full)
     _, length = chunk_range(dst_full, n, coord)

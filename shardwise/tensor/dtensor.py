@@ -21,7 +21,7 @@ from .fastpath import FAST_PATH, FastPath
 from .layout_checks import check_distribute_call, check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
-from .spec import DTensorSpec, chunk_range, mesh_coord, normalize_placements
+from .spec import DTensorSpec, _contiguous_stride, _global_stride, chunk_range, mesh_coord, normalize_placements
 
 __all__ = ["DTensor", "distribute_tensor", "gather_fallback", "fast_path", "propagation_cache"]
 
@@ -215,7 +215,7 @@ class DTensor(torch.Tensor):
             shape = gshape
         shape = torch.Size(shape)
         if stride is None:
-            stride = _contiguous_stride(shape)
+            stride = _global_stride(local_tensor, device_mesh, placements, shape)
         if gathered is not None:
             check_local_shapes(gathered, device_mesh, placements, shape)
         spec = DTensorSpec(device_mesh, placements, shape, stride, local_tensor.dtype)
@@ -337,14 +337,6 @@ def _check_device(local: torch.Tensor, mesh: DeviceMesh, what: str) -> None:
             f"{what}: the local tensor is on {local.device} but the mesh is a {mesh.device_type!r} mesh; move it "
             f"with .to({mesh.device_type!r}) first (a meta tensor must be materialized)"
         )
-
-
-def _contiguous_stride(shape) -> tuple[int, ...]:
-    stride, acc = [], 1
-    for s in reversed(shape):
-        stride.append(acc)
-        acc *= max(s, 1)
-    return tuple(reversed(stride))
 
 
 def distribute_tensor(

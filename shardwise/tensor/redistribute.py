@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+
 
 import torch
 
@@ -59,7 +59,9 @@ def _dims_of(*placements: Placement) -> set[int]:
 @lru_cache(maxsize=4096)
 def plan_redistribute(src: tuple, dst: tuple, mesh_shape: tuple, ndim: int) -> tuple[Step, ...]:
     """Pure planner: the steps that take a tensor from ``src`` to ``dst`` placements."""
-    cur = list(src)
+    # a mesh dim of size 1: the one rank along it already holds what any placement asks for, so a
+    # change there is a relabel and runs no collective
+    cur = [dst[i] if mesh_shape[i] == 1 else p for i, p in enumerate(src)]
     steps: list[Step] = []
     k = len(cur)
     # Phase 1, innermost mesh dim first: gather shards that must change, and inner shards of a tensor

@@ -125,3 +125,25 @@ class DTensorSpec:
     def __repr__(self) -> str:
         pl = ", ".join(str(p) for p in self.placements)
         return f"Spec({pl} | {tuple(self.shape)} {str(self.dtype).replace('torch.', '')})"
+
+
+def _global_stride(local: torch.Tensor, mesh, placements, shape) -> tuple[int, ...]:
+    """The global stride a local piece implies: contiguous pieces make a contiguous tensor; otherwise
+    (a transposed piece, say) each Shard(d) scales the strides that step over dim d, as PyTorch's
+    from_local does, so ``.contiguous()`` on the DTensor really reorders and ``.view`` works after."""
+    if local.is_contiguous():
+        return _contiguous_stride(shape)
+    stride = list(local.stride())
+    for mdim, p in enumerate(placements):
+        if type(p) is Shard:
+            n = mesh.size(mdim)
+            stride = [st * n if i != p.dim and st >= local.stride(p.dim) else st for i, st in enumerate(stride)]
+    return tuple(stride)
+
+
+def _contiguous_stride(shape) -> tuple[int, ...]:
+    stride, acc = [], 1
+    for s in reversed(shape):
+        stride.append(acc)
+        acc *= max(s, 1)
+    return tuple(reversed(stride))
