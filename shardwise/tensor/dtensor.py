@@ -256,14 +256,24 @@ class DTensor(torch.Tensor):
             raise err
         return target
 
-    def redistribute(self, device_mesh: Optional[DeviceMesh] = None, placements=None) -> "DTensor":
+    def redistribute(self, device_mesh: Optional[DeviceMesh] = None, placements=None, *, async_op: bool = False,
+                     forward_dtype: Optional[torch.dtype] = None,
+                     backward_dtype: Optional[torch.dtype] = None) -> "DTensor":
         """Change the layout; differentiable (the backward is the adjoint redistribution).
 
         A temporary pending value (``F.embedding(ids, w).redistribute(mesh, [Replicate()])``) is reduced
         in its own buffer; a value anything else still references is copied (see donation.py).
+        ``forward_dtype`` / ``backward_dtype``: run the move / the gradient's move in that dtype (the
+        gradient reaching this tensor has its dtype again), as PyTorch's. ``async_op`` is accepted for
+        PyTorch's signature; the result is always ready (collectives are waited for here).
         """
         refs = sys.getrefcount(self)  # first, alone: pending call arguments would add references
-        return self._redistribute(device_mesh, placements, donatable(self, refs))
+        if forward_dtype is None and backward_dtype is None:
+            return self._redistribute(device_mesh, placements, donatable(self, refs))
+        from .cast import cast_backward, cast_forward
+
+        x = cast_forward(self, forward_dtype)
+        return cast_backward(x._redistribute(device_mesh, placements, False), backward_dtype)
 
     def _redistribute(self, device_mesh, placements, donate: bool) -> "DTensor":
         if checks_enabled():
@@ -276,14 +286,16 @@ class DTensor(torch.Tensor):
             return _moved(self, placements, donate)
         return _Redistribute.apply(self, placements, donate)
 
-    def full_tensor(self) -> torch.Tensor:
-        """The whole tensor on every rank (gathers/reduces as needed; always a new tensor); differentiable."""
+    def full_tensor(self, *, grad_placements: Optional[Sequence[Placement]] = None) -> torch.Tensor:
+        """The whole tensor on every rank (gathers/reduces as needed; always a new tensor); differentiable.
+        ``grad_placements``: the layout the incoming gradient has (as ``to_local``'s)."""
         full = tuple(Replicate() for _ in self._spec.placements)
         if self._spec.placements == full:
             # a snapshot, never an alias of the live local tensor (which an optimizer may update)
-            return self.to_local().clone()
+            return self.to_local(grad_placements=grad_placements).clone()
         refs = sys.getrefcount(self)  # first, alone: pending call arguments would add references
-        return self._redistribute(self._spec.mesh, full, donatable(self, refs)).to_local()
+        moved = self._redistribute(self._spec.mesh, full, donatable(self, refs))
+        return moved.to_local(grad_placements=grad_placements)
 
     # -- interop with torch.distributed.tensor ----------------------------------------------------
     @staticmethod

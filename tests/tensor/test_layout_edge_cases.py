@@ -66,3 +66,33 @@ def size_one_mesh_dim(rank, world):
 def test_moves_along_a_size_one_mesh_dim_run_no_collective():
     for none, r_ok, p_ok, some, whole in run_on_ranks(size_one_mesh_dim, 2, timeout=60.0):
         assert none == 0 and r_ok and p_ok and some and whole
+
+
+def dtype_and_grad_placements(rank, world):
+    from shardwise.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    mesh = worker_mesh((world,))
+    full = torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    w = torch.arange(24.0).view(4, 6)
+    out = {}
+    for bwd in (None, torch.float16):
+        x = distribute_tensor(full, mesh, [Shard(0)]).requires_grad_()
+        y = x.redistribute(mesh, [Replicate()], forward_dtype=torch.bfloat16, backward_dtype=bwd)
+        (y.to_local().float() * w).sum().backward()
+        rows = slice(rank * 4 // world, (rank + 1) * 4 // world)
+        out[str(bwd)] = (y.dtype, torch.equal(y.to_local(), full.to(torch.bfloat16)), x.grad.dtype,
+                         torch.allclose(x.grad.to_local(), w[rows].to(torch.bfloat16).float()))
+    x = distribute_tensor(full, mesh, [Shard(0)]).requires_grad_()
+    (x.full_tensor(grad_placements=[Partial()]) * (rank + 1)).sum().backward()
+    summed = x.grad.to_local()
+    x2 = distribute_tensor(full, mesh, [Shard(0)]).requires_grad_()
+    (x2.full_tensor() * (rank + 1)).sum().backward()
+    return out, summed.unique().tolist(), x2.grad.to_local().unique().tolist()
+
+
+def test_redistribute_dtypes_and_full_tensor_grad_placements():
+    for rank, (out, summed, own) in enumerate(run_on_ranks(dtype_and_grad_placements, 2, timeout=60.0)):
+        for bwd, (ydt, values, gdt, grad_ok) in out.items():
+            assert ydt == torch.bfloat16 and values and gdt == torch.float32 and grad_ok, bwd
+        assert summed == [3.0]              # Partial gradient: every rank's contribution, summed
+        assert own == [float(rank + 1)]     # default: the gradient is the same on every rank
