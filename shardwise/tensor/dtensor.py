@@ -162,12 +162,12 @@ class DTensor(torch.Tensor):
 
     # torch.distributed.checkpoint protocol (see checkpoint.py)
     def __create_write_items__(self, fqn: str, obj) -> list:
-        from .checkpoint import write_items
+        from .interop.checkpoint import write_items
 
         return write_items(fqn, self)
 
     def __create_chunk_list__(self) -> list:
-        from .checkpoint import chunk
+        from .interop.checkpoint import chunk
 
         return [chunk(self)]
 

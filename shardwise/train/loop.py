@@ -25,10 +25,10 @@ from .budget import budget_bytes, table_sizes
 from .data import PerRank, Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
 from .model import DenseArch, auc, make_ebc, make_tables
-from .progress import Progress, console
+from .report import Progress, console
 from .replan import describe, keep_plan
 from .reshard import live_reshard
-from .story import add_reshard, add_window, close_segment, max_over_mean, new_story, open_segment
+from .report import add_reshard, add_window, close_segment, max_over_mean, new_story, open_segment
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 

@@ -4,7 +4,7 @@ import pytest
 
 from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner, data_parallel, row_wise, table_wise
 from shardwise.train.replan import describe, keep_plan, placements
-from shardwise.train.story import add_window, new_story, open_segment, run_counts
+from shardwise.train.report import add_window, new_story, open_segment, run_counts
 
 _TABLES = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=8, feature_names=[f"f{i}"]) for i in range(5)]
 

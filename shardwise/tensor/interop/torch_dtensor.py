@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch.distributed.tensor as tdt
 import torch.distributed.tensor.placement_types as tpt
 
-from .placements import Partial, Replicate, Shard
+from ..placements import Partial, Replicate, Shard
 
 __all__ = ["from_torch", "to_torch", "placement_from_torch", "placement_to_torch"]
 
@@ -32,7 +32,7 @@ def placement_to_torch(p):
 
 def from_torch(t):
     """shardwise DTensor from a torch DTensor: same mesh, same local tensor, autograd connected."""
-    from .dtensor import DTensor
+    from ..dtensor import DTensor
 
     if not isinstance(t, tdt.DTensor):
         raise TypeError(f"from_torch expects torch.distributed.tensor.DTensor, got {type(t).__name__}")

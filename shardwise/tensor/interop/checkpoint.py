@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .placements import Partial
-from .spec import mesh_coord
+from ..placements import Partial
+from ..spec import mesh_coord
 
 
 def _check(x) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from ..embedding import rank_ranges
+from ...embedding import rank_ranges
 from .progress import console
 from .story import run_counts
 
@@ -126,8 +126,8 @@ def _segment_title(seg: dict) -> str:
 
 def _plans_markdown(tr) -> str:
     """The plan at each segment's start and after each reshard, a table only where it changed."""
-    from .loop import plan_from_json
-    from .replan import placements
+    from ..loop import plan_from_json
+    from ..replan import placements
 
     md, shown = ["# Sharding plans of the run", ""], None
     for seg in tr.story["segments"]:
