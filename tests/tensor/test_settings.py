@@ -69,6 +69,19 @@ def test_settings_take_only_booleans(setting):
             pass
 
 
+def _while_another_thread_sets(switch, value, call, error) -> str:
+    """The error ``call`` raises here (or "no error") while another thread holds ``switch(value)``."""
+    t, release = _thread_holding(switch, value)
+    try:
+        call()
+        return "no error"
+    except error as e:
+        return str(e)
+    finally:
+        release.set()
+        t.join(10)
+
+
 def _thread_holding(setting, value):
     """Start a thread that sits inside ``with setting(value):`` until the returned event is set."""
     entered, release = threading.Event(), threading.Event()
@@ -90,27 +103,13 @@ def other_threads_settings(rank, world):
     mesh = worker_mesh((world,))
     w = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
     bad = distribute_tensor(torch.tensor([1, 6]), mesh, [Replicate()])
-    out = {}
-    t, release = _thread_holding(embedding_index_check, False)
-    try:  # another thread switched its own check off: this one still raises
-        F.embedding(bad, w)
-        out["lookup"] = "no error"
-    except EmbeddingIndexError as e:
-        out["lookup"] = str(e)
-    finally:
-        release.set()
-        t.join(10)
     a = distribute_tensor(torch.rand(4, 3) + 1, mesh, [Replicate()])
-    t, release = _thread_holding(gather_fallback, True)
-    try:
-        torch.lgamma(a)  # no sharding rule, and the fallback is on only in the other thread
-        out["fallback"] = "no error"
-    except NotImplementedError as e:
-        out["fallback"] = str(e)
-    finally:
-        release.set()
-        t.join(10)
-    return out
+    # another thread switched its own check off: this one still raises
+    return {"lookup": _while_another_thread_sets(embedding_index_check, False, lambda: F.embedding(bad, w),
+                                                 EmbeddingIndexError),
+            # no sharding rule, and the fallback is on only in the other thread
+            "fallback": _while_another_thread_sets(gather_fallback, True, lambda: torch.lgamma(a),
+                                                   NotImplementedError)}
 
 
 def cached_fallback_plan(rank, world):
