@@ -21,6 +21,7 @@ from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
 from .optim.rules import STATE_DTYPE
 from .sharding.store import ShardStore
+from .sharding.exchange import IdExchange, PendingInput
 from .sharding import SHARDERS, Stages
 from .shard_source import check_or_broadcast, shard_source
 from .state_dict import copy_into_shards, wrap_shards
@@ -100,7 +101,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self.fused_optimizer = FusedOptimizer(self, rule, hp)
         # per-table id counts of every forward, for load_stats() / propose_rebalance()
         self._lookup_counter = LookupCounter(self._tables, topo.device)
-        self.register_forward_pre_hook(self._lookup_counter.hook)
+        self._prefetched: Optional[PendingInput] = None   # set by a pipeline: the next forward's batch
 
     @staticmethod
     def _check_rule(rule, plan) -> None:
@@ -176,19 +177,62 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return [b for g in self._groups for b in g.spec.boxes]
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
+        pending = self._prefetched
+        if pending is not None and pending.source is kjt:   # a pipeline started this batch already
+            self._prefetched = None
+            return self.forward_from(pending)
+        return self.forward_from(self.start_input_dist(kjt))
+
+    def start_input_dist(self, kjt: KeyedJaggedTensor) -> PendingInput:
+        """Collective, first half of ``forward``: check this rank's batch, move it to the device, route
+        its ids and start the id all-to-alls without waiting for them; :meth:`forward_from` finishes.
+        Every rank starts its batches in the same order. Batch sizes may differ between ranks and steps:
+        they travel in the all-to-all's header, as do "my batch is bad" flags, so a bad batch on one
+        rank makes every rank raise in ``forward_from``.
+
+        Example (a pipeline: the ids of the next batch travel while this one computes):
+            >>> pending = sharded.start_input_dist(next_kjt)      # doctest: +SKIP
+            >>> loss_fn(sharded.forward_from(current)).backward()  # doctest: +SKIP
+        """
         topo = self._topo
         problem = self._check_batch(kjt)
-        batch = kjt.stride() if problem is None else 0
-        # One small all-gather carries batch sizes and "my batch is bad" flags, so a bad batch on
-        # one rank makes every rank raise the same error instead of leaving the others hanging.
-        rows = all_gather_ints([batch, int(problem is not None)], topo.world_size, topo.group, topo.device)
-        if any(flag for _, flag in rows):
-            self._raise_everywhere(problem, [r for r, (_, flag) in enumerate(rows) if flag])
-        kjt = kjt.to(topo.device) if kjt.values().device != topo.device else kjt
-        sizes = [b for b, _ in rows]
-        blocks: dict = {}
+        local_kjt = kjt.to(topo.device) if problem is None and kjt.values().device != topo.device else kjt
+        flag = int(problem is not None)
+        exchanges, local = [], []
         for g in self._groups:
-            routed = g.stages.input_dist(kjt, sizes)
+            ind = g.stages.input_dist
+            if ind.exchange:
+                exchanges.append(IdExchange(ind, None if flag else ind.route(local_kjt), flag))
+                local.append(None)
+            else:
+                exchanges.append(None)
+                local.append(None if flag else ind._per_width(*ind.route(local_kjt)[:3], [kjt.stride()] * topo.world_size))
+        agreed = None
+        if all(ex is None for ex in exchanges):
+            # no ids cross ranks, but a bad batch must still stop every rank (before the backward's
+            # all-reduce would leave the others waiting): one small all-gather of sizes and flags
+            batch = kjt.stride() if problem is None else 0
+            agreed = all_gather_ints([batch, flag], topo.world_size, topo.group, topo.device)
+        return PendingInput(self, kjt, local_kjt, problem, exchanges, local, agreed)
+
+    def forward_from(self, pending: PendingInput) -> KeyedTensor:
+        """Collective, second half of ``forward``: wait for ``pending``'s ids (from
+        :meth:`start_input_dist`), look them up and send the pooled rows back to their samples.
+
+        Example:
+            >>> kt = sharded.forward_from(sharded.start_input_dist(kjt))   # same as sharded(kjt)  # doctest: +SKIP
+        """
+        if pending.module is not self or pending.stale:
+            raise ValueError("forward_from: this batch was started on another module or before a reshard changed "
+                             "the layout; start it again with start_input_dist (after pending.drop())")
+        pending.advance()
+        if pending.bad_ranks:
+            self._raise_everywhere(pending.problem, pending.bad_ranks)
+        kjt, batch, sizes = pending.kjt, pending.batch, pending.sizes
+        self._lookup_counter.sample(kjt)
+        blocks: dict = {}
+        for i, g in enumerate(self._groups):
+            routed = pending.routed(i)
             pooled = g.stages.lookup(routed)
             for f, c0, blk in g.stages.output_dist(pooled, routed, batch, sizes):
                 blocks.setdefault(f, []).append((c0, blk))

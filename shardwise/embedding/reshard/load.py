@@ -30,41 +30,69 @@ BUCKETS = 64
 
 
 class LookupCounter:
-    """Local per-table id counts of every forward: ``hist[t]`` over row buckets, ``ids[t]`` total.
+    """Local per-table id counts: ``hist[t]`` over row buckets (views of one flat buffer).
 
-    Counting stays on the device (no host sync per step); :func:`load_stats` reduces it.
+    ``sample(kjt)`` counts every ``every``-th batch it is shown (the first one after a reset always):
+    the reshard needs the shape of the load, which a sample of the steps gives, and the counting
+    stays off most steps. Counting stays on the device (no host sync); :func:`load_stats` reduces it
+    and divides by the batches counted, so the figures are ids per step either way.
     """
 
-    def __init__(self, tables, device, buckets: int = BUCKETS):
-        self.tables, self.device = list(tables), device
+    def __init__(self, tables, device, buckets: int = BUCKETS, every: int = 1):
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"LookupCounter: every={every!r} must be an int >= 1 (count every k-th batch)")
+        self.tables, self.device, self.every = list(tables), device, every
         self.buckets = [min(buckets, t.num_embeddings) for t in self.tables]
         self._table_of = {f: i for i, t in enumerate(self.tables) for f in t.feature_names}
+        self._starts = [0]
+        for n in self.buckets:
+            self._starts.append(self._starts[-1] + n)
+        self._per_keys: dict = {}   # keys -> per-key (rows, buckets, first bucket) tensors
         self.reset()
 
     def reset(self) -> None:
-        self.hist = [torch.zeros(n, dtype=torch.int64, device=self.device) for n in self.buckets]
-        self.steps = 0
+        self._flat = torch.zeros(self._starts[-1], dtype=torch.int64, device=self.device)
+        self.hist = [self._flat[a:b] for a, b in zip(self._starts, self._starts[1:])]
+        self.steps, self.seen = 0, 0
+
+    def sample(self, kjt) -> None:
+        """Count ``kjt`` if it is the first batch since the reset or every ``every``-th after it."""
+        if self.seen % self.every == 0:
+            self.observe(kjt)
+        self.seen += 1
+
+    def _key_tensors(self, keys: tuple):
+        if keys not in self._per_keys:
+            idx = [self._table_of.get(f) for f in keys]
+            rows = [self.tables[i].num_embeddings if i is not None else 0 for i in idx]   # 0: never counted
+            nb = [self.buckets[i] if i is not None else 0 for i in idx]
+            first = [self._starts[i] if i is not None else 0 for i in idx]
+            self._per_keys[keys] = tuple(torch.tensor(v, dtype=torch.int64, device=self.device)
+                                         for v in (rows, nb, first))
+        return self._per_keys[keys]
 
     def observe(self, kjt) -> None:
+        """Count every id of ``kjt`` (one bincount over all tables' buckets)."""
         self.steps += 1
-        per_key = kjt.offset_per_key()
         values = kjt.values()
-        for k, f in enumerate(kjt.keys()):
-            i = self._table_of.get(f)
-            if i is None:
-                continue
-            ids = values[per_key[k]:per_key[k + 1]].to(self.device, torch.int64)
-            # out-of-range ids are the forward's to reject (on every rank); counting them here would
-            # raise on this rank alone, before the forward's agreement, and leave the others hanging
-            ids = ids[(ids >= 0) & (ids < self.tables[i].num_embeddings)]
-            bucket = ids * self.buckets[i] // self.tables[i].num_embeddings
-            self.hist[i] += torch.bincount(bucket, minlength=self.buckets[i])[:self.buckets[i]]
+        n = values.numel()
+        if n == 0 or not kjt.keys():
+            return
+        rows, nb, first = self._key_tensors(tuple(kjt.keys()))
+        per_key = torch.tensor(kjt.length_per_key(), device=self.device)
+        ids = values.to(self.device, torch.int64)
+        rows_v, nb_v, first_v = (torch.repeat_interleave(t, per_key, output_size=n) for t in (rows, nb, first))
+        # out-of-range ids are the forward's to reject (on every rank); counting them here would
+        # raise on this rank alone, before the forward's agreement, and leave the others hanging
+        ok = (ids >= 0) & (ids < rows_v)
+        bucket = first_v + ids.clamp(min=0) * nb_v // rows_v.clamp(min=1)
+        self._flat += torch.bincount(bucket[ok], minlength=self._starts[-1])[:self._starts[-1]]
 
     def hook(self, module, args) -> None:
         """forward pre-hook: count the batch the module is about to look up (anything but a
         KeyedJaggedTensor is left to the forward, which rejects it on every rank)."""
         if args and isinstance(args[0], KeyedJaggedTensor):
-            self.observe(args[0])
+            self.sample(args[0])
 
 
 @dataclass(frozen=True)

@@ -93,7 +93,9 @@ class InputDist:
         unit_lengths = torch.bincount(key, minlength=self.routing.num_units * batch)
         return rebased, weights, unit_lengths.view(self.routing.num_units, batch)
 
-    def __call__(self, kjt: KeyedJaggedTensor, batch_sizes: list[int]) -> Routed:
+    def route(self, kjt: KeyedJaggedTensor) -> tuple:
+        """This rank's side of the input dist, no collective: (ids, lengths, weights, ids per slot,
+        batch) with ids and lengths ordered by destination rank."""
         batch = kjt.stride()
         values, lengths, weights, counts = self._features(kjt)
         values, weights, unit_lengths = self._units(values, lengths, weights, counts, batch)
@@ -107,6 +109,10 @@ class InputDist:
                                                                          output_size=total)
         send_w = None if weights is None else weights.index_select(0, idx)
         send_lengths = unit_lengths.index_select(0, self.slot_unit).flatten()
+        return send_ids, send_lengths, send_w, slot_len, batch
+
+    def __call__(self, kjt: KeyedJaggedTensor, batch_sizes: list[int]) -> Routed:
+        send_ids, send_lengths, send_w, slot_len, batch = self.route(kjt)
         if self.exchange:
             send_ids, send_lengths, send_w = self._exchange(send_ids, send_lengths, send_w, slot_len, batch,
                                                             batch_sizes)
