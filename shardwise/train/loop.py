@@ -27,7 +27,9 @@ from .dense import make_dense_runner
 from .model import DenseArch, auc, make_ebc, make_tables
 from .report import Progress, console
 from .replan import describe, keep_plan
+from .pipeline import TrainPipeline
 from .reshard import live_reshard
+from .report.steady import Steady
 from .report import add_reshard, add_window, close_segment, max_over_mean, new_story, open_segment
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
@@ -48,6 +50,9 @@ def plan_from_json(raw: dict) -> dict:
                                  v["host"]) for t, v in raw.items()}
 
 
+# steps that are not steady state: the first traces the compiled dense graph, the next ones still
+# warm allocator and caches up
+_WARMUP_STEPS = 3
 _SPLIT_BYTES = 16 << 20   # text logs above this are split into per-rank stripes (each rank parses its own)
 
 
@@ -196,13 +201,20 @@ class Trainer:
     def _inputs(self, start: int, count: int):
         return to_model_inputs(self.data.batch(start, count), self.cards, self.device)
 
-    def train_step(self):
-        b = self.cfg.batch_size
-        dense, kjt, labels = self._inputs(self.cursor + self.rank * b, b)
+    def _batches(self):
+        """This rank's slice of every remaining step's global batch, in order (the pipeline's data)."""
+        b, cursor = self.cfg.batch_size, self.cursor
+        for _ in range(self.step, self.cfg.steps):
+            yield self._inputs(cursor + self.rank * b, b)
+            cursor += self.world * b
+
+    def _train_batch(self, batch):
+        """One training step on ``batch`` (the pipeline started its input dist already)."""
+        dense, kjt, labels = batch
         pooled = self.sparse(kjt).values()
         loss, logits, grad_pooled = self.dense.step(dense, pooled, labels)
         pooled.backward(grad_pooled)   # the fused optimizer updates the shards during this backward
-        self.cursor += self.world * b
+        self.cursor += self.world * self.cfg.batch_size
         self.step += 1
         return loss, logits, labels
 
@@ -224,14 +236,18 @@ class Trainer:
             from .report import print_plan
             print_plan(self.planner, self.plan, self.tables, "sharding plan")
         window, t0, seen0 = [], time.perf_counter(), self.step
+        pipe, batches = TrainPipeline(step=self._train_batch, sharded=self.sparse), self._batches()
+        self.steady = Steady(self.world * cfg.batch_size)
         with progress:
             while self.step < cfg.steps:
                 # the decision needs a window of measured load on this layout: after a resume or
                 # restart the reshard waits until the new processes have measured enough steps
-                if self.reshard_state == "pending" and self.step >= cfg.reshard_at \
-                        and self.step - self.window_from >= cfg.reshard_min_window:
-                    self._reshard(progress)
-                loss, logits, labels = self.train_step()
+                resharded = self.reshard_state == "pending" and self.step >= cfg.reshard_at \
+                    and self.step - self.window_from >= cfg.reshard_min_window
+                if resharded:
+                    self._reshard(progress)   # the pipeline re-routes its prefetched batch by itself
+                t_step = time.perf_counter()
+                loss, logits, labels = pipe.progress(batches)
                 window.append((torch.sigmoid(logits), labels))
                 loss_g = self._global_mean(loss)
                 self.history["step"].append(self.step)
@@ -248,7 +264,11 @@ class Trainer:
                     self.history["examples_per_s"].append(rate)
                 ckpt.fault_point("step", self.step)
                 progress.update(self.step, loss_g, self.history["auc"][-1] if self.history["auc"] else None, rate)
-                if cfg.checkpoint_every and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps):
+                saved = bool(cfg.checkpoint_every) and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps)
+                self.steady.add(self.step, time.perf_counter() - t_step,
+                                "startup" if self.step - seen0 <= _WARMUP_STEPS else
+                                "reshard" if resharded else "checkpoint" if saved else None)
+                if saved:
                     self.elapsed_now = self.elapsed + time.perf_counter() - t0
                     self.save()
         self.elapsed += time.perf_counter() - t0

@@ -20,6 +20,7 @@ from rich.table import Table
 
 from ...embedding import rank_ranges
 from .progress import console
+from .steady import Steady
 from .story import run_counts
 
 __all__ = ["plan_rows", "print_plan", "plan_markdown", "build_metrics", "write_report"]
@@ -88,6 +89,7 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
     h, cfg, story = tr.history, tr.cfg, tr.story
     k = max(1, len(h["loss"]) // 10)
     counts = run_counts(story)
+    steady = tr.steady.summary() if getattr(tr, "steady", None) is not None else Steady(0).summary()
     out = {
         "world_size": tr.world, "steps": tr.step, **counts, "elastic_restarts": counts["restarts"],
         "batch_size_per_rank": cfg.batch_size, "dense_parallel": cfg.dense_parallel,
@@ -99,7 +101,9 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
                  "first": sum(h["loss"][:k]) / k, "last": sum(h["loss"][-k:]) / k},
         "auc": {"step": h["auc_step"], "train_window": h["auc"], "eval": eval_auc},
         "throughput": {"examples_per_s": h["examples_per_s"][-1] if h["examples_per_s"] else None,
-                       "steps_this_segment": tr.step - seen0, "seconds_total": tr.elapsed},
+                       "steps_this_segment": tr.step - seen0, "seconds_total": tr.elapsed,
+                       # global examples/s over this segment's training steps only (report/steady.py)
+                       "steady_examples_per_s": steady["examples_per_s"], "steady": steady},
         "reshard": _reshard_summary(story, tr.reshard_state, cfg),
         "segments": story["segments"], "load_windows": story["windows"], "reshards": story["reshards"],
         "plan_end": plan_rows(tr.planner, tr.plan, tr.tables),
@@ -242,6 +246,7 @@ def _print_summary(m: dict, folder: Path) -> None:
     t.add_row("memory budget per rank", f"{m['memory_per_rank_bytes'] / 2**20:,.0f} MiB "
               f"({m['memory_per_rank_source']})")
     t.add_row("examples/s (last segment)", _fmt(m["throughput"]["examples_per_s"], ",.0f"))
+    t.add_row("steady examples/s (training steps only)", _fmt(m["throughput"].get("steady_examples_per_s"), ",.0f"))
     t.add_row("resumes / elastic restarts", f"{m['resumes']} / {m['restarts']}")
     for seg in m["segments"]:
         t.add_row(_segment_title(seg), "")

@@ -1,0 +1,46 @@
+"""Steady-state throughput of the job: global examples per second over the training steps only.
+
+Start-up steps (the first traces the compiled dense graph), the step that follows a live reshard
+(it re-routes the prefetched batch on the new layout) and checkpoint steps are left out; evaluation
+and the saves themselves run outside the timed steps. A timed step is the whole loop iteration a
+training step takes: the pipelined step, the loss mean over ranks and, every ``log_every`` steps,
+the window AUC the progress bar shows.
+
+Example:
+    >>> s = Steady(examples_per_step=512)
+    >>> s.add(1, 0.9, "startup"); s.add(2, 0.01, None); s.add(3, 0.01, None)
+    >>> s.summary()["examples_per_s"]
+    51200.0
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+__all__ = ["Steady", "EXCLUDED_KINDS"]
+
+EXCLUDED_KINDS = ("startup", "reshard", "checkpoint")
+
+
+class Steady:
+    """Collects each step's wall time, counted or excluded (and why)."""
+
+    def __init__(self, examples_per_step: int):
+        self.examples_per_step = int(examples_per_step)
+        self.seconds, self.counted = 0.0, 0
+        self.excluded: dict = {k: [] for k in EXCLUDED_KINDS}
+
+    def add(self, step: int, seconds: float, excluded: Optional[str]) -> None:
+        """Step ``step`` took ``seconds``; ``excluded`` is None or one of :data:`EXCLUDED_KINDS`."""
+        if excluded is None:
+            self.seconds += seconds
+            self.counted += 1
+        else:
+            self.excluded[excluded].append(step)
+
+    def summary(self) -> dict:
+        """JSON-ready: ``examples_per_s`` (None before any counted step), the steps and seconds counted
+        and the steps left out, by reason."""
+        rate = self.counted * self.examples_per_step / self.seconds if self.counted and self.seconds > 0 else None
+        return {"examples_per_s": rate, "steps_counted": self.counted, "seconds_counted": self.seconds,
+                "examples_per_step": self.examples_per_step, "excluded_steps": self.excluded}
