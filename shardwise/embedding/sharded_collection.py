@@ -69,7 +69,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     """
 
     def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None,
-                 compile_optimizer: bool = False, gradient_division: bool = True):
+                 compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
         super().__init__()
         self._tables = ebc.tables
         self._is_weighted = ebc.is_weighted
@@ -100,7 +100,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 self._groups.append(self._build_group(st, tables, plan, cols, weights, rule, hp))
         self.fused_optimizer = FusedOptimizer(self, rule, hp)
         # per-table id counts of every forward, for load_stats() / propose_rebalance()
-        self._lookup_counter = LookupCounter(self._tables, topo.device)
+        self._lookup_counter = LookupCounter(self._tables, topo.device, every=load_sample_every)
         self._prefetched: Optional[PendingInput] = None   # set by a pipeline: the next forward's batch
 
     @staticmethod
@@ -364,7 +364,7 @@ def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topolo
 
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
           compile_optimizer: bool = False, src_rank: Optional[int] = None,
-          gradient_division: bool = True) -> ShardedEmbeddingBagCollection:
+          gradient_division: bool = True, load_sample_every: int = 4) -> ShardedEmbeddingBagCollection:
     """Shard ``ebc`` over ``mesh`` (default: all ranks of the default process group) per ``plan``.
 
     Each rank materialises only its own shards: copied out of ``ebc``'s tables when it was built with
@@ -376,6 +376,9 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     ``gradient_division=True`` (TorchRec's default) divides every embedding gradient by the world
     size: training then follows the mean of the per-rank losses, like DDP's dense gradients;
     ``False`` keeps the sum (the gradient of the summed losses).
+    ``load_sample_every=k``: the lookup load that :meth:`~ShardedEmbeddingBagCollection.load_stats`
+    reports (for rebalancing) is counted on every k-th forward (the first after a reset always), so
+    the counting stays off the other steps; ``1`` counts every forward.
     ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step); it is
     opt-in because it is not a clear win over the default eager update in our benchmarks (see
     docs/embedding.md), and the first step pays a compile of tens of seconds.
@@ -395,6 +398,10 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     if not isinstance(gradient_division, bool):
         raise TypeError(f"shard(): gradient_division={gradient_division!r} must be True (divide by the world "
                         f"size, TorchRec's default) or False (sum)")
+    if not isinstance(load_sample_every, int) or isinstance(load_sample_every, bool) or load_sample_every < 1:
+        raise ValueError(f"shard(): load_sample_every={load_sample_every!r} must be an int >= 1 (count the lookup "
+                         f"load on every k-th forward; 1 = every forward)")
     _check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
     check_or_broadcast(ebc, topo, src_rank)
-    return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer, gradient_division)
+    return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer, gradient_division,
+                                         load_sample_every)

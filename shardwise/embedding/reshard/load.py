@@ -79,14 +79,16 @@ class LookupCounter:
         if n == 0 or not kjt.keys():
             return
         rows, nb, first = self._key_tensors(tuple(kjt.keys()))
-        per_key = torch.tensor(kjt.length_per_key(), device=self.device)
-        ids = values.to(self.device, torch.int64)
-        rows_v, nb_v, first_v = (torch.repeat_interleave(t, per_key, output_size=n) for t in (rows, nb, first))
+        key = torch.repeat_interleave(torch.arange(len(rows), device=self.device),
+                                      torch.tensor(kjt.length_per_key(), device=self.device), output_size=n)
+        ids, rows_v = values.to(self.device, torch.int64), rows.index_select(0, key)
+        total = self._starts[-1]
         # out-of-range ids are the forward's to reject (on every rank); counting them here would
-        # raise on this rank alone, before the forward's agreement, and leave the others hanging
+        # raise on this rank alone, before the forward's agreement, and leave the others hanging:
+        # they land in one extra bucket that is dropped
         ok = (ids >= 0) & (ids < rows_v)
-        bucket = first_v + ids.clamp(min=0) * nb_v // rows_v.clamp(min=1)
-        self._flat += torch.bincount(bucket[ok], minlength=self._starts[-1])[:self._starts[-1]]
+        bucket = first.index_select(0, key) + ids.clamp(min=0) * nb.index_select(0, key) // rows_v.clamp(min=1)
+        self._flat += torch.bincount(torch.where(ok, bucket, total), minlength=total + 1)[:total]
 
     def hook(self, module, args) -> None:
         """forward pre-hook: count the batch the module is about to look up (anything but a

@@ -12,6 +12,7 @@ from shardwise.embedding import column_wise, data_parallel, propose_rebalance, r
 from shardwise.embedding.reshard import LoadStats, TableLoad
 from shardwise.embedding.reshard.rebalance import _Cfg, _moved_bytes
 from shardwise.embedding.sharding import SHARDERS, LayoutTopology
+from shardwise.sparse import KeyedJaggedTensor
 from shardwise.testing import run_on_ranks
 
 from .. import common
@@ -102,7 +103,7 @@ def measured_load(rank, world):
     mesh = mesh_for(world, 1)
     ebc = common.make_ebc(seed=4)
     plan = {n: table_wise(0) for n, *_ in common.TABLES}
-    mod = shard(ebc, plan, mesh=mesh, optimizer=functools.partial(torch.optim.Adam, lr=0.01))
+    mod = shard(ebc, plan, mesh=mesh, optimizer=functools.partial(torch.optim.Adam, lr=0.01), load_sample_every=1)
     truth = {n: 0 for n, *_ in common.TABLES}
     table_of = {f: n for n, _, _, fs, _ in common.TABLES for f in fs}
     for step in range(3):
@@ -132,3 +133,42 @@ def test_measured_load_and_rebalance_on_ranks():
     assert r0["before"][1] == 0.0 and r0["changes"]
     # measured after the reshard on the same batches: the busiest rank does less
     assert max(r0["after"]) < max(r0["before"])
+
+
+def _skewed_batch(seed: int, batch: int):
+    """Power-law ids (hot low rows) and longer bags for the features of t_a: a load a reshard can fix."""
+    g = torch.Generator().manual_seed(seed)
+    rows = {f: v for _, v, _, fs, _ in common.TABLES for f in fs}
+    keys = common.all_features()
+    lengths = torch.cat([torch.randint(0, 7 if k.startswith("fa") else 3, (batch,), generator=g) for k in keys])
+    values = torch.cat([(rows[k] * torch.rand(int(lengths[i * batch:(i + 1) * batch].sum()), generator=g) ** 3).long()
+                        for i, k in enumerate(keys)])
+    return KeyedJaggedTensor(keys, values, lengths=lengths, stride=batch)
+
+
+def sampled_decision(rank, world, steps=24):
+    """The rebalance proposal and measured per-rank load from counting every forward and every 4th."""
+    out = {}
+    for name, plan in (("table_wise_on_0", {n: table_wise(0) for n, *_ in common.TABLES}),
+                       ("row_wise", {n: row_wise() for n, *_ in common.TABLES})):
+        for every in (1, 4):
+            mod = shard(common.make_ebc(seed=4), plan, mesh=mesh_for(world, 1), optimizer=common.ADAGRAD,
+                        load_sample_every=every)
+            for step in range(steps):
+                mod(_skewed_batch(100 * step + rank, 6 + (step + rank) % 5)).values().sum().backward()
+            stats = mod.load_stats()
+            out[(name, every)] = {"changes": propose_rebalance(stats, max_bytes=1 << 20), "per_rank": stats.per_rank(),
+                                  "steps": stats.steps}
+    return out
+
+
+def test_sampled_load_counting_gives_the_same_rebalance_decision():
+    r = run_on_ranks(sampled_decision, 2, timeout=120.0)[0]
+    for name in ("table_wise_on_0", "row_wise"):
+        full, sampled = r[(name, 1)], r[(name, 4)]
+        assert (full["steps"], sampled["steps"]) == (24, 6)
+        assert full["changes"], (name, full)   # the skew is one a reshard fixes
+        assert sampled["changes"] == full["changes"], (name, full, sampled)
+        # the measured load per rank, from a quarter of the steps, is within 15% of the full count
+        for a, b in zip(full["per_rank"], sampled["per_rank"]):
+            assert abs(a - b) <= 0.15 * max(full["per_rank"]), (name, full, sampled)
