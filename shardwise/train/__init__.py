@@ -8,4 +8,13 @@ Example:
 
 from .config import TrainConfig
 
-__all__ = ["TrainConfig"]
+
+def __getattr__(name):
+    # the pipeline imports torch.distributed and the embedding package: only on demand
+    if name == "TrainPipeline":
+        from .pipeline import TrainPipeline
+        return TrainPipeline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["TrainConfig", "TrainPipeline"]
