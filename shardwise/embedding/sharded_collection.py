@@ -21,7 +21,7 @@ from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
 from .optim.rules import STATE_DTYPE
 from .sharding.store import ShardStore
-from .sharding.exchange import IdExchange, PendingInput
+from .sharding.exchange import PendingInput, start_groups
 from .sharding import SHARDERS, Stages
 from .shard_source import check_or_broadcast, shard_source
 from .state_dict import copy_into_shards, wrap_shards
@@ -194,26 +194,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
             >>> pending = sharded.start_input_dist(next_kjt)      # doctest: +SKIP
             >>> loss_fn(sharded.forward_from(current)).backward()  # doctest: +SKIP
         """
-        topo = self._topo
         problem = self._check_batch(kjt)
-        local_kjt = kjt.to(topo.device) if problem is None and kjt.values().device != topo.device else kjt
-        flag = int(problem is not None)
-        exchanges, local = [], []
-        for g in self._groups:
-            ind = g.stages.input_dist
-            if ind.exchange:
-                exchanges.append(IdExchange(ind, None if flag else ind.route(local_kjt), flag))
-                local.append(None)
-            else:
-                exchanges.append(None)
-                local.append(None if flag else ind._per_width(*ind.route(local_kjt)[:3], [kjt.stride()] * topo.world_size))
-        agreed = None
-        if all(ex is None for ex in exchanges):
-            # no ids cross ranks, but a bad batch must still stop every rank (before the backward's
-            # all-reduce would leave the others waiting): one small all-gather of sizes and flags
-            batch = kjt.stride() if problem is None else 0
-            agreed = all_gather_ints([batch, flag], topo.world_size, topo.group, topo.device)
-        return PendingInput(self, kjt, local_kjt, problem, exchanges, local, agreed)
+        return start_groups(self, kjt, problem)
 
     def forward_from(self, pending: PendingInput) -> KeyedTensor:
         """Collective, second half of ``forward``: wait for ``pending``'s ids (from
@@ -225,6 +207,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if pending.module is not self or pending.stale:
             raise ValueError("forward_from: this batch was started on another module or before a reshard changed "
                              "the layout; start it again with start_input_dist (after pending.drop())")
+        pending.claim()
         pending.advance()
         if pending.bad_ranks:
             self._raise_everywhere(pending.problem, pending.bad_ranks)

@@ -20,7 +20,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["IdExchange", "PendingInput"]
+from .comm import all_gather_ints
+
+__all__ = ["IdExchange", "PendingInput", "start_groups"]
 
 _HEADER = 3   # batch size, bad-batch flag, ids sent
 
@@ -104,7 +106,7 @@ class PendingInput:
         self.groups, self.exchanges, self.local = module._groups, exchanges, local
         self.batch = kjt.stride() if problem is None else 0
         self.sizes = self.bad_ranks = None
-        self._advanced = agreed is not None
+        self._advanced, self._claimed = agreed is not None, False
         if agreed is not None:   # no group exchanges ids: sizes and flags came with an all-gather
             self.sizes = [b for b, _ in agreed]
             self.bad_ranks = [r for r, (_, flag) in enumerate(agreed) if flag]
@@ -126,6 +128,13 @@ class PendingInput:
                 if ex is not None:
                     ex.send_ids()
 
+    def claim(self) -> None:
+        """Mark the batch looked up: its received ids are read once."""
+        if self._claimed:
+            raise ValueError("forward_from: this batch was looked up already; start each batch once per forward "
+                             "(start_input_dist)")
+        self._claimed = True
+
     def routed(self, i: int):
         return self.local[i] if self.exchanges[i] is None else self.exchanges[i].routed()
 
@@ -135,3 +144,27 @@ class PendingInput:
         for ex in self.exchanges:
             if ex is not None:
                 ex.wait()
+
+
+def start_groups(module, kjt, problem: Optional[str]) -> PendingInput:
+    """Start the input dist of ``kjt`` (this rank's batch; ``problem``: why it is bad, or None) for
+    every group of ``module`` (a sharded collection: ``_groups``, ``_topo``)."""
+    topo = module._topo
+    local_kjt = kjt.to(topo.device) if problem is None and kjt.values().device != topo.device else kjt
+    flag = int(problem is not None)
+    exchanges, local = [], []
+    for g in module._groups:
+        ind = g.stages.input_dist
+        if ind.exchange:
+            exchanges.append(IdExchange(ind, None if flag else ind.route(local_kjt), flag))
+            local.append(None)
+        else:
+            exchanges.append(None)
+            local.append(None if flag else ind._per_width(*ind.route(local_kjt)[:3], [kjt.stride()] * topo.world_size))
+    agreed = None
+    if all(ex is None for ex in exchanges):
+        # no ids cross ranks, but a bad batch must still stop every rank (before the backward's
+        # all-reduce would leave the others waiting): one small all-gather of sizes and flags
+        batch = kjt.stride() if problem is None else 0
+        agreed = all_gather_ints([batch, flag], topo.world_size, topo.group, topo.device)
+    return PendingInput(module, kjt, local_kjt, problem, exchanges, local, agreed)
