@@ -167,6 +167,15 @@ def forward_negative_id_one_rank(rank, world):
     return lambda: s(_kjt(values)).values().sum().backward(), _state(s)
 
 
+def forward_float_ids_one_rank(rank, world):
+    s = _sharded(mesh=short_timeout_mesh())
+    _train_one_step(s)
+    kjt = _kjt()
+    if rank == world - 1:
+        kjt = KeyedJaggedTensor(kjt.keys(), kjt.values().float(), lengths=kjt.lengths())
+    return lambda: s(kjt).values().sum().backward(), _state(s)
+
+
 # ---- state dicts and checkpoints ---------------------------------------------------------------
 def load_missing_key(rank, world):
     s = _sharded()
