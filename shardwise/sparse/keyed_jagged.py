@@ -75,7 +75,8 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         # values of any dtype, as TorchRec's: a KJT is a container (float ids appear in TorchRec's own
         # tests and pipelines); the embedding collections refuse non-integer ids at their forward
         lengths_in, offsets_in = lengths, offsets
-        lengths, offsets = check_jagged(values, lengths, offsets, weights, "KeyedJaggedTensor")
+        lengths, offsets = check_jagged(values, lengths, offsets, weights, "KeyedJaggedTensor",
+                                        values_1d=False)   # TorchRec's take [N, D] values; lookups need 1-D
         inverse_indices = check_inverse_indices(inverse_indices, values.device)
         strides = resolve_strides(keys, lengths.numel(), stride, stride_per_key, stride_per_key_per_rank,
                                   inverse_indices)
