@@ -194,6 +194,7 @@ class DTensor(torch.Tensor):
     ) -> "DTensor":
         """Wrap this rank's piece. Without ``shape``, shards are assumed even (local size x mesh size);
         pass ``shape`` for uneven torch.chunk shards. ``run_check`` compares all ranks' local shapes.
+        A meta piece gives a meta DTensor (shapes only, e.g. a module built on the meta device).
 
         >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape  # doctest: +SKIP
         torch.Size([4, 3])
@@ -358,6 +359,7 @@ def distribute_tensor(
     pass the same shape, dtype and placements, then the data of the mesh's k-th rank (row-major in
     ``mesh.mesh``) is broadcast so every rank agrees; ``None`` trusts each rank's copy (no communication).
     Both use the mesh's own per-dimension groups: a sub-mesh of an N-D mesh creates no process group.
+    A meta tensor gives a meta DTensor holding this rank's local shape, with no communication.
 
     >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
     """

@@ -128,8 +128,7 @@ def _meta_model(rank, world):
     mesh = worker_mesh((world,))
     with torch.device("meta"):
         model = Block()
-    with CollectiveCounter() as c:
-        parallelize_module(model, mesh, SEQUENCE_PLAN)
+    parallelize_module(model, mesh, SEQUENCE_PLAN)
     meta = {n: (p.device.type, tuple(p.to_local().shape)) for n, p in model.named_parameters()}
     model.to_empty(device="cpu")
     _init_weights(model)
@@ -137,13 +136,26 @@ def _meta_model(rank, world):
     _init_weights(ref)
     counts = _compare(model, ref, torch.randn(2, 2 * world, 8, generator=torch.Generator().manual_seed(1)),
                       1, rank, world)
-    return c.total, meta, counts
+    return meta, counts
 
 
 def test_meta_device_model_parallelized_then_initialised():
-    for rank, (parallelize_collectives, meta, counts) in enumerate(run_on_ranks(_meta_model, 2)):
-        assert parallelize_collectives == 0, "a meta model is laid out without communication"
+    for rank, (meta, counts) in enumerate(run_on_ranks(_meta_model, 2)):
         assert meta == {"norm.weight": ("meta", (8,)), "norm.bias": ("meta", (8,)),
                         "up.weight": ("meta", (6, 8)), "up.bias": ("meta", (6,)),
                         "down.weight": ("meta", (8, 6)), "down.bias": ("meta", (8,))}
         assert counts == {"all_gather": 1, "reduce_scatter": 1}
+
+
+def _meta_on_one_rank(rank, world):
+    mesh = worker_mesh((world,))  # every rank: building a mesh is a collective
+    if rank != 0:
+        return None
+    with torch.device("meta"):  # only rank 0 parallelizes: a collective would never complete
+        model = parallelize_module(Block(), mesh, SEQUENCE_PLAN)
+    return {n: type(p).__name__ for n, p in model.named_parameters()}
+
+
+def test_meta_model_is_parallelized_without_communication():
+    out = run_on_ranks(_meta_on_one_rank, 2, timeout=30)
+    assert out[1] is None and set(out[0].values()) == {"DTensor"} and len(out[0]) == 6

@@ -5,7 +5,7 @@ import warnings
 import torch
 from torch import nn
 
-from shardwise.tensor import CollectiveCounter, DTensor, Replicate, Shard, distribute_module, distribute_tensor
+from shardwise.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 from shardwise.testing import run_on_ranks, worker_mesh
 
 
@@ -68,22 +68,27 @@ def _defaults_and_meta(rank, world):
     with mesh:  # device_mesh=None: the mesh of the `with` block, as torch's
         model = distribute_module(Tagger())
     out["all_replicated"] = {p.placements for p in model.parameters()} == {(Replicate(),)}
-    with torch.device("meta"):
-        meta = Tagger()
-    with CollectiveCounter() as c:
+    if rank == 0:  # meta tensors are laid out with no collective: rank 0 alone would block on one
+        with torch.device("meta"):
+            meta = Tagger()
         distribute_module(meta, mesh, _shard_emb_rows)
-    out["meta_collectives"] = c.total
-    out["meta_local"] = tuple(meta.emb.weight.to_local().shape), meta.emb.weight.device.type
-    meta.to_empty(device="cpu")
-    out["materialized"] = meta.emb.weight.to_local().device.type, tuple(meta.emb.weight.shape)
+        out["meta_local"] = tuple(meta.emb.weight.to_local().shape), meta.emb.weight.device.type
+        out["meta_replicated"] = meta.proj.weight.placements, meta.scale.device.type
+        meta.to_empty(device="cpu")
+        out["materialized"] = meta.emb.weight.to_local().device.type, tuple(meta.emb.weight.shape)
+    # the meta layout by hand: uneven rows, requires_grad kept, from_local of a meta piece
+    w = distribute_tensor(torch.empty(5, 3, device="meta", requires_grad=True), mesh, [Shard(0)])
+    piece = DTensor.from_local(torch.empty(2, 3, device="meta"), mesh, [Shard(1)])
+    out["by_hand"] = tuple(w.to_local().shape), w.requires_grad, tuple(piece.shape), piece.device.type
     return out
 
 
 def test_default_mesh_replication_and_meta_modules():
-    outs = run_on_ranks(_defaults_and_meta, 2)
-    for o in outs:
-        assert o["all_replicated"] and o["meta_collectives"] == 0
-        assert o["meta_local"] == ((5, 6), "meta") and o["materialized"] == ("cpu", (10, 6))
+    outs = run_on_ranks(_defaults_and_meta, 2, timeout=60)
+    assert all(o["all_replicated"] for o in outs)
+    assert outs[0]["meta_local"] == ((5, 6), "meta") and outs[0]["materialized"] == ("cpu", (10, 6))
+    assert outs[0]["meta_replicated"] == ((Replicate(),), "meta")
+    assert [o["by_hand"] for o in outs] == [((3, 3), True, (2, 6), "meta"), ((2, 3), True, (2, 6), "meta")]
 
 
 def _four_args(mod, inputs, mesh, extra):
