@@ -13,13 +13,14 @@ from . import ops as _ops  # noqa: F401  (registers the sharding rules)
 from .agreement import rank_checks
 from .collectives import CollectiveCounter, CollectiveTimeoutError
 from .dtensor import DTensor, distribute_tensor, fast_path, gather_fallback, propagation_cache
+from .module_api import distribute_module
 from .ops.embedding import EmbeddingIndexError, embedding_index_check
 from .placements import MaskPartial, Partial, Placement, Replicate, Shard
 from .redistribute import plan_redistribute
 from .spec import DTensorSpec
 
 __all__ = [
-    "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "Placement", "Shard",
+    "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "distribute_module", "Placement", "Shard",
     "Replicate", "Partial", "MaskPartial", "plan_redistribute", "CollectiveCounter", "CollectiveTimeoutError", "propagation_cache",
     "gather_fallback", "fast_path", "EmbeddingIndexError", "embedding_index_check", "rank_checks",
 ]

@@ -194,6 +194,7 @@ class DTensor(torch.Tensor):
     ) -> "DTensor":
         """Wrap this rank's piece. Without ``shape``, shards are assumed even (local size x mesh size);
         pass ``shape`` for uneven torch.chunk shards. ``run_check`` compares all ranks' local shapes.
+        A meta piece gives a meta DTensor (shapes only, e.g. a module built on the meta device).
 
         >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape  # doctest: +SKIP
         torch.Size([4, 3])
@@ -343,11 +344,11 @@ def propagation_cache():
 
 def _check_device(local: torch.Tensor, mesh: DeviceMesh, what: str) -> None:
     # a CPU mesh runs gloo on host memory, a CUDA mesh NCCL on device memory: a piece elsewhere
-    # (or a meta tensor, which holds no data) would fail later inside a collective, far from the cause
-    if local.device.type != mesh.device_type:
+    # would fail later inside a collective, far from the cause; a meta piece (shapes only) is fine
+    if local.device.type not in (mesh.device_type, "meta"):
         raise ValueError(
             f"{what}: the local tensor is on {local.device} but the mesh is a {mesh.device_type!r} mesh; move it "
-            f"with .to({mesh.device_type!r}) first (a meta tensor must be materialized)"
+            f"with .to({mesh.device_type!r}) first"
         )
 
 
@@ -358,6 +359,7 @@ def distribute_tensor(
     pass the same shape, dtype and placements, then the data of the mesh's k-th rank (row-major in
     ``mesh.mesh``) is broadcast so every rank agrees; ``None`` trusts each rank's copy (no communication).
     Both use the mesh's own per-dimension groups: a sub-mesh of an N-D mesh creates no process group.
+    A meta tensor gives a meta DTensor holding this rank's local shape, with no communication.
 
     >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
     """
@@ -365,20 +367,18 @@ def distribute_tensor(
         raise TypeError("distribute_tensor got a DTensor; use .redistribute(mesh, placements) instead")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"distribute_tensor expects a torch.Tensor, got {type(tensor).__name__}; pass torch.tensor(...)")
-    if tensor.device.type == "meta":
-        raise ValueError("distribute_tensor: the tensor is on the meta device and holds no data to lay out; "
-                         "materialize it first (e.g. module.to_empty(device=...) then initialize)")
+    meta = tensor.device.type == "meta"  # shapes only: a meta DTensor, with no collective (as torch's)
     if placements is None:
         placements = [Replicate()] * device_mesh.ndim
-    if src_data_rank is None:
+    if src_data_rank is None or meta:
         placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
     else:  # every rank raises the same error when ranks disagree, before the data moves
         placements, src_coord = check_distribute_call(tensor, placements, device_mesh, src_data_rank)
     device = torch.device(device_mesh.device_type)
     local = tensor.detach()
-    if local.device.type != device.type:
+    if local.device.type != device.type and not meta:
         local = local.to(device)
-    if src_data_rank is not None:
+    if src_data_rank is not None and not meta:
         local = mesh_broadcast_(local.contiguous().clone(), device_mesh, src_coord)
     coord = mesh_coord(device_mesh)
     mesh_shape = tuple(device_mesh.shape)
