@@ -183,3 +183,43 @@ def test_table_row_wise_on_a_two_host_mesh():
     plans = ["table_row_wise", "mixed2"]
     for rank, errors in enumerate(run_on_ranks(workers.forward_all_plans, 4, 2, plans, timeout=120.0)):
         assert len(errors) == 4 and max(errors.values()) < 1e-6, (rank, errors)
+
+
+def test_fx_keeps_the_collection_as_a_leaf():
+    from shardwise.sparse import symbolic_trace
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.seq, self.lin = common.make_ec(seed=1), nn.Linear(common.DIM, 1)
+
+        def forward(self, kjt):
+            return self.lin(self.seq(kjt)["sa1"].values()).sum()
+
+    model = Head()
+    traced = symbolic_trace(model)
+    assert [n.target for n in traced.graph.nodes if n.op == "call_module"] == ["seq", "lin"]
+    kjt = common.make_batch(3, 4)
+    assert torch.equal(traced(kjt), model(kjt))
+
+
+def low_precision_worker(rank, world, dtype_name):
+    """Max error of a sharded fp16/bf16 collection's rows vs the unsharded one's (same dtype), and the
+    output dtype."""
+    from shardwise.embedding import EmbeddingConfig as Cfg
+
+    cfgs = [Cfg(rows, common.DIM, name, dtype_name, list(fs)) for name, rows, fs in common.TABLES]
+    ec = EmbeddingCollection(cfgs, init_seed=3)
+    sharded = shard(ec, common.plans(world)["mixed"], mesh=mesh_for(world, 1), optimizer=common.ADAGRAD)
+    kjt = common.rank_batches(world, 0)[rank]
+    got, want = sharded(kjt), ec(kjt)
+    err = max((got[f].values().float() - want[f].values().float()).abs().max().item()
+              for f in want if want[f].values().numel())
+    common.loss_fn(got, 0, rank).backward()
+    return err, str(got["sa1"].values().dtype)
+
+
+@pytest.mark.parametrize("dtype_name, torch_dtype", [("FP16", "torch.float16"), ("BF16", "torch.bfloat16")])
+def test_fp16_and_bf16_tables(dtype_name, torch_dtype):
+    for err, dtype in run_on_ranks(low_precision_worker, 2, dtype_name, timeout=120.0):
+        assert err == 0.0 and dtype == torch_dtype
