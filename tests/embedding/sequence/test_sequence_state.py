@@ -126,3 +126,35 @@ def test_reshard_any_to_any_keeps_training_equal(world):
         assert len(errs) == len(pairs)
         bad = {k: v for k, v in errs.items() if v > 1e-5}
         assert not bad, f"rank {rank}: {bad}"
+
+
+def digest_worker(rank, world):
+    """Eager tables that differ across ranks raise on every rank; src_rank=0 broadcasts rank 0's;
+    configs that differ across ranks raise before any routing is built."""
+    from shardwise.embedding import EmbeddingCollection, EmbeddingConfig
+
+    mesh = mesh_for(world, 1)
+    plan = common.plans(world)["mixed"]
+    out = {}
+    try:
+        shard(common.make_ec(seed=rank), plan, mesh=mesh)
+    except ValueError as exc:
+        out["differ"] = str(exc)
+    sharded = shard(common.make_ec(seed=rank), plan, mesh=mesh, src_rank=0)
+    out["broadcast"] = common.max_diff(common.full_weights(sharded), common.make_ec(seed=0).state_dict())
+    rows = 12 if rank == 1 else 11
+    cfgs = [EmbeddingConfig(rows if n == "s_a" else r, common.DIM, n, feature_names=list(fs)) for n, r, fs in common.TABLES]
+    try:
+        shard(EmbeddingCollection(cfgs), plan, mesh=mesh)
+    except ValueError as exc:
+        out["configs"] = str(exc)
+    return out
+
+
+def test_differing_replicas_raise_or_are_broadcast():
+    results = run_on_ranks(digest_worker, 2, timeout=120.0)
+    assert results[0] == results[1]
+    out = results[0]
+    assert "the unsharded tables differ across ranks" in out["differ"] and "'s_a' on ranks [1]" in out["differ"]
+    assert out["broadcast"] == 0.0
+    assert "ranks [1] were given other tables" in out["configs"]
