@@ -12,6 +12,8 @@ cache hit re-checks the switch: a plan made inside a ``with gather_fallback():``
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import warnings
 from typing import Optional
 
@@ -53,15 +55,17 @@ class PropagationCache:
         self.plans: dict = {}
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()  # eviction by two threads at once would pop one key twice
 
     def clear(self) -> None:
         self.plans.clear()
         self.hits = self.misses = 0
 
     def put(self, key, plan) -> None:
-        if len(self.plans) >= self.max_size:
-            self.plans.pop(next(iter(self.plans)))
-        self.plans[key] = plan
+        with self._lock:  # only on a miss: never on the hot path
+            if len(self.plans) >= self.max_size:
+                self.plans.pop(next(iter(self.plans)))
+            self.plans[key] = plan
 
 
 class OpPlan:
@@ -88,7 +92,9 @@ class OpDispatcher:
         self.cls = cls
         self.cache = PropagationCache()
         self._warned: set = set()
-        self.recording: Optional[list] = None  # set by the fast path to learn what one call did
+        # set by the fast path to learn what one call did: per thread/task, or a thread learning a call
+        # would also record the ops another thread runs meanwhile (threaded ranks share this dispatcher)
+        self.recording = contextvars.ContextVar("shardwise.dispatch_recording", default=None)
 
     # -- hot path -------------------------------------------------------------------------------
     def __call__(self, op, args, kwargs):
@@ -129,8 +135,9 @@ class OpDispatcher:
             self.cache.hits += 1
             if plan.guard is not None:  # the plan was made under a switch: refuse it outside the block
                 plan.guard(op, args, cls)
-        if self.recording is not None:
-            self.recording.append((op, entry, plan))
+        recording = self.recording.get()
+        if recording is not None:
+            recording.append((op, entry, plan))
         return self._run(plan, op, args, local_args, kwargs or {})
 
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):
