@@ -80,6 +80,8 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, placements, donate):
         ctx.src = x._spec
+        if placements == x._spec.placements:
+            return DTensor._wrap(x._local_tensor.view_as(x._local_tensor), x._spec)
         return _moved(x, placements, donate)
 
     @staticmethod
@@ -288,10 +290,10 @@ class DTensor(torch.Tensor):
             placements = self._agreed_target(device_mesh, placements)
         else:
             placements = self._target(device_mesh, placements)
-        if placements == self._spec.placements:
-            return self
         if not (self.requires_grad and torch.is_grad_enabled()):
-            return _moved(self, placements, donate)
+            return self if placements == self._spec.placements else _moved(self, placements, donate)
+        # recorded even when nothing moves, as PyTorch's: the backward brings a Partial gradient (from
+        # to_local(grad_placements=[Partial()]), say) back to this tensor's own layout
         return _Redistribute.apply(self, placements, donate)
 
     def full_tensor(self, *, grad_placements: Optional[Sequence[Placement]] = None) -> torch.Tensor:

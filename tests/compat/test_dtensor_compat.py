@@ -125,6 +125,34 @@ def test_comm_debug_mode_counts_what_shardwise_issues():
         assert r["dtensor_ops"] > 0
 
 
+def noop_redistribute_grad(rank, world):
+    from torch.distributed.tensor import DTensor as TorchDTensor, Partial as TorchPartial, \
+        Replicate as TorchReplicate
+
+    from shardwise.tensor import DTensor, Partial, Replicate
+    from shardwise.tensor.debug import CommDebugMode
+
+    mesh = worker_mesh((world,))
+    local = torch.randn(6, 3, generator=torch.Generator().manual_seed(6))
+    grads, counts = [], []
+    for dt, R, P in ((DTensor, Replicate, Partial), (TorchDTensor, TorchReplicate, TorchPartial)):
+        leaf = dt.from_local(local.clone(), mesh, [R()]).detach().requires_grad_()
+        cm = CommDebugMode()  # shardwise's: it counts PyTorch's DTensor's collectives too
+        with cm:
+            out = leaf.redistribute(mesh, [R()]).to_local(grad_placements=[P()])
+            out.backward(torch.full_like(out, float(rank + 1)))
+        grads.append((tuple(str(p) for p in leaf.grad.placements), leaf.grad.to_local()))
+        counts.append(cm.get_total_counts())
+    return grads, counts
+
+
+def test_a_redistribute_that_moves_nothing_still_brings_a_partial_gradient_home():
+    for (ours, theirs), counts in run_on_ranks(noop_redistribute_grad, 4):
+        assert ours[0] == ("R",) and theirs[0] == ("R",) and counts == [1, 1]  # both print Replicate as R
+        torch.testing.assert_close(ours[1], torch.full((6, 3), 10.0))  # 1 + 2 + 3 + 4
+        torch.testing.assert_close(ours[1], theirs[1])
+
+
 # -- 3. the mesh of a `with mesh:` block --------------------------------------------------------
 
 def with_mesh_calls(rank, world):
