@@ -57,6 +57,8 @@ def copy_like_rule(schema, mesh_size):
         partials = ()
     elif src.is_floating_point and not (dst.is_floating_point or dst.is_complex):
         partials = (Partial("max"), Partial("min"))  # truncation is monotone, neither additive nor multiplicative
+    elif src.is_complex and not dst.is_complex:
+        partials = LINEAR_PARTIALS  # the real part of a sum is the sum of real parts; not so for a product
     return pointwise_strategies(schema, [((p,), p) for p in partials])
 
 
