@@ -12,6 +12,8 @@ cache hit re-checks the switch: a plan made inside a ``with gather_fallback():``
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import warnings
 from typing import Optional
 
@@ -20,15 +22,17 @@ import torch
 from ._switch import Switch
 from .placements import Replicate
 from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
-from .propagation.registry import RuleEntry, lookup_rule
+from .propagation.registry import RuleEntry, is_out_variant, lookup_rule
 from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
-from .spec import DTensorSpec, mesh_coord, normalize_placements
+from .spec import DTensorSpec, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "GATHER_FALLBACK"]
+__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "GATHER_FALLBACK", "IMPLICIT_REPLICATION"]
 
 _SCALARS = (int, float, bool, complex)
 GATHER_FALLBACK = Switch("gather_fallback", False)
+# plain tensors of any shape mixed with DTensors count as Replicate (experimental.implicit_replication)
+IMPLICIT_REPLICATION = Switch("implicit_replication", False)
 
 
 def has_tensor(seq) -> bool:
@@ -51,29 +55,34 @@ class PropagationCache:
         self.plans: dict = {}
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()  # eviction by two threads at once would pop one key twice
 
     def clear(self) -> None:
         self.plans.clear()
         self.hits = self.misses = 0
 
     def put(self, key, plan) -> None:
-        if len(self.plans) >= self.max_size:
-            self.plans.pop(next(iter(self.plans)))
-        self.plans[key] = plan
+        with self._lock:  # only on a miss: never on the hot path
+            if len(self.plans) >= self.max_size:
+                self.plans.pop(next(iter(self.plans)))
+            self.plans[key] = plan
 
 
 class OpPlan:
     """Everything needed to run one keyed op call on this rank."""
 
-    __slots__ = ("redist", "out_specs", "out_kind", "local", "decision", "gathers")
+    __slots__ = ("redist", "out_specs", "out_kind", "local", "decision", "gathers", "guard")
 
-    def __init__(self, redist, out_specs, out_kind, local: Optional[LocalPlan], decision, gathers: bool = False):
+    def __init__(self, redist, out_specs, out_kind, local: Optional[LocalPlan], decision, gathers: bool = False,
+                 implicit: bool = False):
         self.redist = redist  # list of (arg index, sub index or -1, steps, src spec)
         self.out_specs = out_specs
         self.out_kind = out_kind  # "tensor" | "seq" | "inplace" | "raw"
         self.local = local
         self.decision = decision
         self.gathers = gathers  # made by the gather fallback (the op has no rule)
+        # implicit: a plain non-scalar tensor was taken as Replicate (only inside implicit_replication)
+        self.guard = _guard(gathers, implicit)
 
 
 class OpDispatcher:
@@ -83,7 +92,9 @@ class OpDispatcher:
         self.cls = cls
         self.cache = PropagationCache()
         self._warned: set = set()
-        self.recording: Optional[list] = None  # set by the fast path to learn what one call did
+        # set by the fast path to learn what one call did: per thread/task, or a thread learning a call
+        # would also record the ops another thread runs meanwhile (threaded ranks share this dispatcher)
+        self.recording = contextvars.ContextVar("shardwise.dispatch_recording", default=None)
 
     # -- hot path -------------------------------------------------------------------------------
     def __call__(self, op, args, kwargs):
@@ -122,10 +133,11 @@ class OpDispatcher:
             self.cache.put(key, plan)
         else:
             self.cache.hits += 1
-            if plan.gathers and not GATHER_FALLBACK.get():
-                raise _no_rule_error(op, args, cls)
-        if self.recording is not None:
-            self.recording.append((op, entry, plan))
+            if plan.guard is not None:  # the plan was made under a switch: refuse it outside the block
+                plan.guard(op, args, cls)
+        recording = self.recording.get()
+        if recording is not None:
+            recording.append((op, entry, plan))
         return self._run(plan, op, args, local_args, kwargs or {})
 
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):
@@ -149,6 +161,8 @@ class OpDispatcher:
             return cls._wrap(out, plan.out_specs[0])
         if kind == "inplace":
             return args[0]
+        if kind == "out":  # an out= variant returns the DTensor it wrote into
+            return kwargs["out"]
         if kind == "seq":
             if out is None:
                 return None
@@ -164,10 +178,12 @@ class OpDispatcher:
         if gathers:
             entry = self._fallback_entry(op, schema, mesh, args)
         decision = choose_layout(schema, entry, tuple(mesh.shape), inplace)
-        coord = mesh_coord(mesh)
+        coord = mesh.get_coordinate()
+        outside = coord is None  # a rank outside the mesh moves nothing (PyTorch's rule); see _outside_kernel
+        coord = None if outside else tuple(coord)
         redist = []
         for ta, req in zip(schema.tensor_args, decision.inputs):
-            if req is None:
+            if req is None or outside:
                 continue
             steps = plan_redistribute(ta.placements, req, tuple(mesh.shape), len(ta.shape))
             if steps:
@@ -181,13 +197,19 @@ class OpDispatcher:
             else:
                 pl = normalize_placements(pl, mesh.ndim, meta.ndim)
                 out_specs.append(DTensorSpec(mesh, pl, meta.shape, meta.stride(), meta.dtype))
-        local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
-        return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision, gathers)
+        if outside:
+            local = LocalPlan(kernel=_outside_kernel(out_specs, torch.device(mesh.device_type)))
+        else:
+            local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
+        implicit = any(ta.placements is None and ta.ndim > 0 for ta in schema.tensor_args)
+        return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision, gathers, implicit)
 
     def _out_kind(self, op, schema: OpSchema, inplace: bool) -> str:
         if inplace and schema.outputs and schema.outputs[0] is not None and len(op._schema.returns) == 1:
             return "inplace"
         rets = op._schema.returns
+        if len(rets) == 1 and "out" in schema.kwargs and is_out_variant(op):
+            return "out"
         if len(rets) == 1 and str(rets[0].type) == "Tensor":
             return "tensor"
         if not rets or not any("Tensor" in str(r.type) for r in rets):
@@ -222,14 +244,8 @@ class OpDispatcher:
                     "one DeviceMesh first"
                 )
         for ta in tensor_args:
-            if ta.placements is None and ta.ndim > 0:
-                # ValueError, not TypeError: Tensor operators turn TypeErrors into NotImplemented and
-                # the message would be lost
-                raise ValueError(
-                    f"{op}: a plain torch.Tensor of shape {tuple(ta.shape)} is mixed with DTensors; only 0-d "
-                    "tensors are implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) "
-                    "or DTensor.from_local(t, mesh, placements)"
-                )
+            if ta.placements is None and ta.ndim > 0 and not IMPLICIT_REPLICATION.get():
+                raise _mixed_error(op, ta.shape)
         outputs = _meta_outputs(op, args, kwargs, cls)
         return OpSchema(op, sargs, skw, tensor_args, outputs, tuple(mesh.shape)), mesh
 
@@ -299,6 +315,54 @@ def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
     if isinstance(out, (list, tuple)):
         return [o if isinstance(o, torch.Tensor) else None for o in out]
     return []
+
+
+def _outside_kernel(out_specs, device):
+    """The local op of a rank outside the op's mesh, as PyTorch's: no collective and no compute; a tensor
+    output is an empty tensor (0-d: a zero) with the output's dtype, a non-tensor output is None."""
+
+    def empty(spec):
+        return torch.zeros((), dtype=spec.dtype, device=device) if not spec.shape else \
+            torch.empty(0, dtype=spec.dtype, device=device)
+
+    def kernel(op, args, kwargs):
+        rets = op._schema.returns
+        if op_mutates_first_arg(op) and len(rets) == 1:
+            return args[0]
+        if len(rets) == 1 and str(rets[0].type) == "Tensor":
+            return empty(out_specs[0])
+        if all(s is None for s in out_specs):
+            return None
+        return [None if s is None else empty(s) for s in out_specs]
+
+    return kernel
+
+
+def _mixed_error(op, shape) -> ValueError:
+    # ValueError, not TypeError: Tensor operators turn TypeErrors into NotImplemented and the message
+    # would be lost
+    return ValueError(
+        f"{op}: a plain torch.Tensor of shape {tuple(shape)} is mixed with DTensors; only 0-d tensors are "
+        "implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) or "
+        "DTensor.from_local(t, mesh, placements), or run the op inside "
+        "`with shardwise.tensor.experimental.implicit_replication():`"
+    )
+
+
+def _guard(gathers: bool, implicit: bool):
+    """What a cache hit re-checks: the switches the plan was made under (None: nothing)."""
+    if not (gathers or implicit):
+        return None
+
+    def guard(op, args, cls):
+        if gathers and not GATHER_FALLBACK.get():
+            raise _no_rule_error(op, args, cls)
+        if implicit and not IMPLICIT_REPLICATION.get():
+            flat = [x for a in args for x in (a if type(a) in (list, tuple) else (a,))]
+            raise _mixed_error(op, next(x.shape for x in flat if isinstance(x, torch.Tensor)
+                                        and not isinstance(x, cls) and x.ndim > 0))
+
+    return guard
 
 
 def _no_rule_error(op, args, cls) -> NotImplementedError:

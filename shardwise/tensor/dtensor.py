@@ -20,8 +20,9 @@ from .donation import donatable
 from .fastpath import FAST_PATH, FastPath
 from .layout_checks import check_distribute_call, check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
-from .redistribute import redistribute_local
-from .spec import DTensorSpec, _contiguous_stride, _global_stride, chunk_range, mesh_coord, normalize_placements
+from .redistribute import redistribute_local, to_partial
+from .spec import (DTensorSpec, _contiguous_stride, _global_stride, chunk_range, coord_or_none, mesh_coord, mesh_or_current,
+                   normalize_placements)
 
 __all__ = ["DTensor", "distribute_tensor", "gather_fallback", "fast_path", "propagation_cache"]
 
@@ -71,7 +72,7 @@ class _ToLocal(torch.autograd.Function):
 
 def _moved(x: "DTensor", placements, donate: bool) -> "DTensor":
     src = x._spec
-    local = redistribute_local(x._local_tensor, src, placements, mesh_coord(src.mesh), donate)
+    local = redistribute_local(x._local_tensor, src, placements, coord_or_none(src.mesh), donate)
     return DTensor._wrap(local, src.with_placements(placements))
 
 
@@ -79,6 +80,8 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, placements, donate):
         ctx.src = x._spec
+        if placements == x._spec.placements:
+            return DTensor._wrap(x._local_tensor.view_as(x._local_tensor), x._spec)
         return _moved(x, placements, donate)
 
     @staticmethod
@@ -88,7 +91,7 @@ class _Redistribute(torch.autograd.Function):
         target = _grad_placements(src.placements)
         if grad._spec.placements == target:
             return grad, None, None
-        local = redistribute_local(grad._local_tensor, grad._spec, target, mesh_coord(src.mesh))
+        local = redistribute_local(grad._local_tensor, grad._spec, target, coord_or_none(src.mesh))
         return DTensor._wrap(local, grad._spec.with_placements(target)), None, None
 
 
@@ -185,8 +188,8 @@ class DTensor(torch.Tensor):
     @staticmethod
     def from_local(
         local_tensor: torch.Tensor,
-        device_mesh: DeviceMesh,
-        placements: Sequence[Placement],
+        device_mesh: Optional[DeviceMesh] = None,
+        placements: Optional[Sequence[Placement]] = None,
         *,
         run_check: bool = False,
         shape: Optional[Sequence[int]] = None,
@@ -195,6 +198,7 @@ class DTensor(torch.Tensor):
         """Wrap this rank's piece. Without ``shape``, shards are assumed even (local size x mesh size);
         pass ``shape`` for uneven torch.chunk shards. ``run_check`` compares all ranks' local shapes.
         A meta piece gives a meta DTensor (shapes only, e.g. a module built on the meta device).
+        ``device_mesh=None``: the mesh of the innermost ``with mesh:`` block; ``placements=None``: Replicate.
 
         >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape  # doctest: +SKIP
         torch.Size([4, 3])
@@ -202,8 +206,12 @@ class DTensor(torch.Tensor):
         if not isinstance(local_tensor, torch.Tensor) or isinstance(local_tensor, DTensor):
             raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}; wrap "
                             "this rank's piece as a tensor (a DTensor is already distributed: use redistribute)")
+        device_mesh = mesh_or_current(device_mesh, "from_local")
+        if placements is None:
+            placements = [Replicate()] * device_mesh.ndim
         _check_device(local_tensor, device_mesh, "from_local")
-        if run_check:
+        outside = coord_or_none(device_mesh) is None  # this rank is not in the mesh: nothing to check
+        if run_check and not outside:
             placements, gathered = check_from_local(local_tensor, device_mesh, placements)
         else:
             placements, gathered = normalize_placements(placements, device_mesh.ndim, local_tensor.ndim), None
@@ -220,6 +228,8 @@ class DTensor(torch.Tensor):
         if gathered is not None:
             check_local_shapes(gathered, device_mesh, placements, shape)
         spec = DTensorSpec(device_mesh, placements, shape, stride, local_tensor.dtype)
+        if outside:  # PyTorch's rule: a rank outside the mesh holds an empty piece
+            local_tensor = local_tensor.new_empty(0, requires_grad=local_tensor.requires_grad)
         if not (local_tensor.requires_grad and torch.is_grad_enabled()):
             # nothing to record: skip the autograd.Function (a quarter of the cost of a small lookup)
             return DTensor._wrap(local_tensor, spec)
@@ -277,14 +287,14 @@ class DTensor(torch.Tensor):
         return cast_backward(x._redistribute(device_mesh, placements, False), backward_dtype)
 
     def _redistribute(self, device_mesh, placements, donate: bool) -> "DTensor":
-        if checks_enabled():
+        if checks_enabled() and coord_or_none(self._spec.mesh) is not None:
             placements = self._agreed_target(device_mesh, placements)
         else:
             placements = self._target(device_mesh, placements)
-        if placements == self._spec.placements:
-            return self
         if not (self.requires_grad and torch.is_grad_enabled()):
-            return _moved(self, placements, donate)
+            return self if placements == self._spec.placements else _moved(self, placements, donate)
+        # recorded even when nothing moves, as PyTorch's: the backward brings a Partial gradient (from
+        # to_local(grad_placements=[Partial()]), say) back to this tensor's own layout
         return _Redistribute.apply(self, placements, donate)
 
     def full_tensor(self, *, grad_placements: Optional[Sequence[Placement]] = None) -> torch.Tensor:
@@ -353,13 +363,15 @@ def _check_device(local: torch.Tensor, mesh: DeviceMesh, what: str) -> None:
 
 
 def distribute_tensor(
-    tensor: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Placement] = None, *, src_data_rank: Optional[int] = 0
+    tensor: torch.Tensor, device_mesh: Optional[DeviceMesh] = None, placements: Sequence[Placement] = None, *,
+    src_data_rank: Optional[int] = 0
 ) -> DTensor:
     """Lay out a full tensor over the mesh. With ``src_data_rank=k`` (default 0) all ranks first check they
     pass the same shape, dtype and placements, then the data of the mesh's k-th rank (row-major in
     ``mesh.mesh``) is broadcast so every rank agrees; ``None`` trusts each rank's copy (no communication).
     Both use the mesh's own per-dimension groups: a sub-mesh of an N-D mesh creates no process group.
     A meta tensor gives a meta DTensor holding this rank's local shape, with no communication.
+    ``device_mesh=None`` takes the mesh of the innermost ``with mesh:`` block (as PyTorch's).
 
     >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
     """
@@ -367,9 +379,15 @@ def distribute_tensor(
         raise TypeError("distribute_tensor got a DTensor; use .redistribute(mesh, placements) instead")
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"distribute_tensor expects a torch.Tensor, got {type(tensor).__name__}; pass torch.tensor(...)")
+    device_mesh = mesh_or_current(device_mesh, "distribute_tensor")
     meta = tensor.device.type == "meta"  # shapes only: a meta DTensor, with no collective (as torch's)
     if placements is None:
         placements = [Replicate()] * device_mesh.ndim
+    if coord_or_none(device_mesh) is None:  # PyTorch's rule: a rank outside the mesh holds an empty piece
+        placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
+        spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
+        local = tensor.detach().new_empty(0, device=torch.device(device_mesh.device_type))
+        return DTensor(local, spec, requires_grad=tensor.requires_grad)
     if src_data_rank is None or meta:
         placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
     else:  # every rank raises the same error when ranks disagree, before the data moves
@@ -386,8 +404,8 @@ def distribute_tensor(
         if type(p) is Shard:
             start, length = chunk_range(local.shape[p.dim], mesh_shape[mdim], coord[mdim])
             local = local.narrow(p.dim, start, length)
-        elif isinstance(p, Partial) and p.reduce_op == "sum" and coord[mdim] != 0:
-            local = torch.zeros_like(local)
+        elif isinstance(p, Partial):
+            local = to_partial(local, p.reduce_op, coord[mdim])
     local = local.contiguous() if src_data_rank is None else local.clone().contiguous()
     spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
     return DTensor(local, spec, requires_grad=tensor.requires_grad)

@@ -11,6 +11,8 @@ Calls that need autograd (grad mode on and an input requires grad) always take t
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from ._switch import Switch
@@ -27,6 +29,7 @@ class FastPath:
         self.plans: dict = {}
         self.max_size = max_size
         self.scalar_types_only: dict = {}  # func -> bool, learnt from its aten op's rule
+        self._lock = threading.Lock()
 
     def __call__(self, func, args, kwargs):
         cls = self.dispatcher.cls
@@ -101,11 +104,12 @@ class FastPath:
 
     def _learn(self, key, func, args, kwargs):
         disp = self.dispatcher
-        disp.recording = []
+        recorded = []
+        token = disp.recording.set(recorded)
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
         finally:
-            recorded, disp.recording = disp.recording, None
+            disp.recording.reset(token)
         plan = _SLOW
         if len(recorded) == 1:
             op, entry, oplan = recorded[0]
@@ -128,9 +132,10 @@ class FastPath:
             hashable_key = self._key(func, args, kwargs, disp.cls)[0] or key
         except TypeError:
             return out
-        if len(self.plans) >= self.max_size:
-            self.plans.pop(next(iter(self.plans)))
-        self.plans[hashable_key] = plan
+        with self._lock:  # two threads evicting at once would pop one key twice
+            if len(self.plans) >= self.max_size:
+                self.plans.pop(next(iter(self.plans)))
+            self.plans[hashable_key] = plan
         return out
 
 
