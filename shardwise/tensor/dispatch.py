@@ -44,22 +44,34 @@ def seq_key(seq, cls) -> tuple[tuple, list]:
 
 
 class PropagationCache:
-    """Bounded map key -> OpPlan with hit/miss counters (tests count hits)."""
+    """Bounded map key -> OpPlan with hit/miss counters (tests count hits).
+
+    ``quick`` holds the plans that run the op on the local tensors as they are (no redistribution, no
+    local rewrite), keyed more cheaply (see ``quick_key``); a hit there counts as a hit."""
 
     def __init__(self, max_size: int = 8192):
         self.max_size = max_size
         self.plans: dict = {}
+        self.quick: dict = {}
         self.hits = 0
         self.misses = 0
 
     def clear(self) -> None:
         self.plans.clear()
+        self.quick.clear()
         self.hits = self.misses = 0
 
     def put(self, key, plan) -> None:
         if len(self.plans) >= self.max_size:
             self.plans.pop(next(iter(self.plans)))
         self.plans[key] = plan
+
+    def put_quick(self, qkey, plan) -> None:
+        if plan.redist or plan.local is not None or plan.gathers or plan.out_kind not in ("tensor", "inplace"):
+            return  # gathered plans must re-check the fallback switch on every hit (the full path does)
+        if len(self.quick) >= self.max_size:
+            self.quick.pop(next(iter(self.quick)))
+        self.quick[qkey] = (plan.out_specs[0], plan.out_kind == "inplace")
 
 
 class OpPlan:
@@ -88,6 +100,25 @@ class OpDispatcher:
     # -- hot path -------------------------------------------------------------------------------
     def __call__(self, op, args, kwargs):
         cls = self.cls
+        # Under autograd every op comes here (the torch-function fast path cannot record a backward):
+        # plans that just run the op on the local tensors are found by a cheaper key first.
+        qkey = quick_key(op, args, cls) if not kwargs and self.recording is None else None
+        if qkey is not None:
+            hit = self.cache.quick.get(qkey)
+            if hit is not None:
+                self.cache.hits += 1
+                spec, inplace = hit
+                a = args[0]
+                if len(args) == 1:
+                    out = op(a._local_tensor)
+                else:
+                    out = op(*[x._local_tensor if type(x) is cls else x for x in args])
+                if inplace:
+                    return a
+                r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                r._local_tensor = out
+                r._spec = spec
+                return r
         entry = lookup_rule(op)
         insensitive = entry is not None and entry.scalar_insensitive
         key = [op]
@@ -126,6 +157,8 @@ class OpDispatcher:
                 raise _no_rule_error(op, args, cls)
         if self.recording is not None:
             self.recording.append((op, entry, plan))
+        elif qkey is not None:
+            self.cache.put_quick(qkey, plan)
         return self._run(plan, op, args, local_args, kwargs or {})
 
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):
@@ -262,6 +295,36 @@ class OpDispatcher:
                             return i, j
                         n += 1
         raise AssertionError(f"tensor leaf {index} not found (tensor kwargs are not redistributed)")
+
+
+_MAKE = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
+
+
+def quick_key(op, args, cls):
+    """A cheap cache key for a call whose arguments are DTensors (the first one a DTensor), scalars
+    and lists of ints, else None. Scalars enter with their type: ``x * 1`` and ``x * 1.0`` (or a bool
+    tensor times ``True``) have different output dtypes, and ``1 == 1.0 == True`` as dict keys."""
+    a = args[0] if args else None
+    if type(a) is not cls:
+        return None
+    if len(args) == 1:
+        return (op, a._spec)
+    key = [op, a._spec]
+    for x in args[1:]:
+        t = type(x)
+        if t is cls:
+            key.append(x._spec)
+        elif t is int or t is float or t is bool:
+            key.append(t)
+            key.append(x)
+        elif (t is list or t is tuple) and all(type(v) is int for v in x):
+            key.append(tuple(x))
+        elif x is None:
+            key.append(None)
+        else:
+            return None
+    return tuple(key)
 
 
 def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:

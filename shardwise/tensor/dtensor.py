@@ -30,11 +30,16 @@ _MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _STRIDED = torch.strided
 _FAST_PATH_ON = FAST_PATH.get
+_SCALARS = (int, float, bool)
 
 
 def _grad_placements(placements) -> tuple:
     # a gradient flowing back to a Partial source is the same for every rank: keep it replicated
     return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
+
+
+def _needs_grad(x) -> bool:
+    return isinstance(x, torch.Tensor) and x.requires_grad
 
 
 class _FromLocal(torch.autograd.Function):
@@ -109,19 +114,35 @@ class DTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # the hottest case inline (a learned binary call on two DTensors, no autograd); see fastpath.py
-        if not kwargs and len(args) == 2 and _FAST_PATH_ON():
-            a, b = args
-            if type(a) is cls and type(b) is cls:
-                with _NO_TORCH_FUNCTION():
-                    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-                        plan = _FASTPATH.plans.get((func, a._spec, b._spec))
-                        if plan is not None and plan[1] == "wrap":
-                            out, spec = func(a._local_tensor, b._local_tensor), plan[0]
-                            r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
-                            r._local_tensor = out
-                            r._spec = spec
-                            return r
+        # the hottest cases inline (calls whose first argument is a DTensor); see fastpath.py
+        a = args[0] if args else None
+        if type(a) is cls:
+            n = len(args)
+            with _NO_TORCH_FUNCTION():
+                if torch.is_grad_enabled() and (a.requires_grad or (n == 2 and _needs_grad(args[1]))):
+                    # autograd records the backward; the op reaches __torch_dispatch__ (its quick cache)
+                    return func(*args, **kwargs) if kwargs else func(*args)
+                if not kwargs and n <= 2 and _FAST_PATH_ON():
+                    if n == 1:
+                        plan = _FASTPATH.plans.get((func, a._spec))
+                        out = func(a._local_tensor) if plan is not None and plan[1] == "wrap" else None
+                    else:
+                        b = args[1]
+                        if type(b) is cls:
+                            plan = _FASTPATH.plans.get((func, a._spec, b._spec))
+                            b = b._local_tensor
+                        elif type(b) in _SCALARS:  # the key FastPath._key makes for (DTensor, scalar)
+                            insensitive = _FASTPATH.scalar_types_only.get(func, False)
+                            plan = _FASTPATH.plans.get((func, a._spec, type(b) if insensitive else b))
+                        else:
+                            plan = None
+                        out = func(a._local_tensor, b) if plan is not None and plan[1] == "wrap" else None
+                    if out is not None:
+                        spec = plan[0]
+                        r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                        r._local_tensor = out
+                        r._spec = spec
+                        return r
         return _FASTPATH(func, args, kwargs)
 
     @staticmethod
