@@ -25,10 +25,13 @@ from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
 from .spec import DTensorSpec, mesh_coord, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "GATHER_FALLBACK"]
+__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK", "FAST_PATH"]
 
 _SCALARS = (int, float, bool, complex)
 GATHER_FALLBACK = Switch("gather_fallback", False)
+# off: every call takes the full key and plan path (the torch-function fast path and the quick map)
+FAST_PATH = Switch("fast_path", True)
+_FAST_PATH_ON = FAST_PATH.get
 
 
 def has_tensor(seq) -> bool:
@@ -102,7 +105,7 @@ class OpDispatcher:
         cls = self.cls
         # Under autograd every op comes here (the torch-function fast path cannot record a backward):
         # plans that just run the op on the local tensors are found by a cheaper key first.
-        qkey = quick_key(op, args, cls) if not kwargs and self.recording is None else None
+        qkey = quick_key(op, args, cls) if not kwargs and self.recording is None and _FAST_PATH_ON() else None
         if qkey is not None:
             hit = self.cache.quick.get(qkey)
             if hit is not None:

@@ -338,8 +338,9 @@ _FASTPATH = FastPath(_DISPATCHER)
 
 
 def fast_path(enabled: bool):
-    """Use (default) or bypass the torch-function fast path inside a ``with`` block, in this thread or
-    task only (see fastpath.py): bypassed, every call goes through the per-op dispatcher.
+    """Use (default) or bypass the torch-function fast path and the dispatcher's quick map inside a
+    ``with`` block, in this thread or task only (see fastpath.py, dispatch.py): bypassed, every call goes
+    through the per-op dispatcher's full key and plan.
 
     >>> with fast_path(False):          # doctest: +SKIP
     ...     y = (x * 2).relu()           # counted by propagation_cache()
