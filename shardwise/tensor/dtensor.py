@@ -38,10 +38,6 @@ def _grad_placements(placements) -> tuple:
     return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
 
 
-def _needs_grad(x) -> bool:
-    return isinstance(x, torch.Tensor) and x.requires_grad
-
-
 class _FromLocal(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local, spec):
@@ -118,27 +114,23 @@ class DTensor(torch.Tensor):
         a = args[0] if args else None
         if type(a) is cls:
             n = len(args)
+            b = args[1] if n == 2 else None
             with _NO_TORCH_FUNCTION():
-                if torch.is_grad_enabled() and (a.requires_grad or (n == 2 and _needs_grad(args[1]))):
-                    # autograd records the backward; the op reaches __torch_dispatch__ (its quick cache)
+                if torch.is_grad_enabled() and (a.requires_grad or (isinstance(b, torch.Tensor) and b.requires_grad)):
+                    # autograd records the backward; the op reaches __torch_dispatch__ (its quick map)
                     return func(*args, **kwargs) if kwargs else func(*args)
                 if not kwargs and n <= 2 and _FAST_PATH_ON():
                     if n == 1:
                         plan = _FASTPATH.plans.get((func, a._spec))
-                        out = func(a._local_tensor) if plan is not None and plan[1] == "wrap" else None
+                    elif type(b) is cls:
+                        plan, b = _FASTPATH.plans.get((func, a._spec, b._spec)), b._local_tensor
+                    elif type(b) in _SCALARS:  # the key FastPath._key makes for (DTensor, scalar)
+                        key = type(b) if _FASTPATH.scalar_types_only.get(func) else b
+                        plan = _FASTPATH.plans.get((func, a._spec, key))
                     else:
-                        b = args[1]
-                        if type(b) is cls:
-                            plan = _FASTPATH.plans.get((func, a._spec, b._spec))
-                            b = b._local_tensor
-                        elif type(b) in _SCALARS:  # the key FastPath._key makes for (DTensor, scalar)
-                            insensitive = _FASTPATH.scalar_types_only.get(func, False)
-                            plan = _FASTPATH.plans.get((func, a._spec, type(b) if insensitive else b))
-                        else:
-                            plan = None
-                        out = func(a._local_tensor, b) if plan is not None and plan[1] == "wrap" else None
-                    if out is not None:
-                        spec = plan[0]
+                        plan = None
+                    if plan is not None and plan[1] == "wrap":
+                        out, spec = func(a._local_tensor) if n == 1 else func(a._local_tensor, b), plan[0]
                         r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
                         r._local_tensor = out
                         r._spec = spec
