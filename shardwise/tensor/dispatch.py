@@ -25,7 +25,8 @@ from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
 from .spec import DTensorSpec, mesh_coord, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK", "FAST_PATH"]
+__all__ = ["OpDispatcher", "PropagationCache", "make_entry", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK",
+           "FAST_PATH"]
 
 _SCALARS = (int, float, bool, complex)
 GATHER_FALLBACK = Switch("gather_fallback", False)
@@ -298,6 +299,34 @@ class OpDispatcher:
                             return i, j
                         n += 1
         raise AssertionError(f"tensor leaf {index} not found (tensor kwargs are not redistributed)")
+
+
+def make_entry(dispatcher: OpDispatcher):
+    """``__torch_dispatch__`` for ``dispatcher.cls``. Every op autograd records comes here; a call on one
+    or two DTensors whose plan is in the quick map runs inline (a frame less than the dispatcher's own
+    quick lookup), everything else goes to ``dispatcher``."""
+    cache, quick, cls = dispatcher.cache, dispatcher.cache.quick, dispatcher.cls
+
+    def __torch_dispatch__(_cls, func, types, args=(), kwargs=None):
+        n = len(args)
+        if not kwargs and 0 < n <= 2 and dispatcher.recording is None and _FAST_PATH_ON():
+            a = args[0]
+            if type(a) is cls:
+                b = args[1] if n == 2 else a
+                hit = quick.get((func, a._spec) if n == 1 else (func, a._spec, b._spec) if type(b) is cls else None)
+                if hit is not None:
+                    cache.hits += 1
+                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b._local_tensor)
+                    spec, inplace = hit
+                    if inplace:
+                        return a
+                    r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                    r._local_tensor = out
+                    r._spec = spec
+                    return r
+        return dispatcher(func, args, kwargs)
+
+    return __torch_dispatch__
 
 
 _MAKE = torch.Tensor._make_wrapper_subclass

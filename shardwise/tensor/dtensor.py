@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .agreement import check_same_call, checks_enabled
 from .collectives import mesh_broadcast_
-from .dispatch import GATHER_FALLBACK, OpDispatcher
+from .dispatch import GATHER_FALLBACK, OpDispatcher, make_entry
 from .donation import donatable
 from .fastpath import FAST_PATH, FastPath
 from .layout_checks import check_distribute_call, check_from_local, check_local_shapes
@@ -155,9 +155,7 @@ class DTensor(torch.Tensor):
         r._spec = spec
         return r
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _DISPATCHER(func, args, kwargs)
+    # __torch_dispatch__ is set below the class, once the dispatcher exists: dispatch.make_entry
 
     def __repr__(self) -> str:
         pl = ", ".join(str(p) for p in self._spec.placements)
@@ -327,6 +325,7 @@ class DTensor(torch.Tensor):
 
 _DISPATCHER = OpDispatcher(DTensor)
 _FASTPATH = FastPath(_DISPATCHER)
+DTensor.__torch_dispatch__ = classmethod(make_entry(_DISPATCHER))
 
 
 def fast_path(enabled: bool):
