@@ -12,6 +12,11 @@ path every recorded op on a DTensor takes, ours and PyTorch's alike; ``floor_fun
 ``torch.autograd.Function`` whose forward only runs the local op and wraps (what a per-plan Function
 would cost before any work of its own; it has no real backward).
 
+Times are this thread's CPU time (``time.thread_time``): none of these calls communicates, and on a
+machine shared with other jobs wall time mostly measures the scheduler. A last pair of lines times
+a small training step on each (4 x ``relu(h @ w)``, Replicate 64x64 weights, Shard(0) batch):
+forward alone and forward + ``autograd.grad``, where backward ops go through dispatch too.
+
     python benchmarks/dispatch.py
 """
 
@@ -19,11 +24,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _launch import emit, spawn, time_us  # noqa: E402
+
+_CPU = time.thread_time
 
 
 class _Floor(torch.Tensor):
@@ -80,11 +88,11 @@ def _bench(rank, world):
             ops = [("add", lambda x, y: torch.add(x, x)), ("mm", torch.mm), ("relu", lambda x, y: torch.relu(x)),
                    ("sum", lambda x, y: x.sum(0))]
             for op_name, fn in ops:
-                plain = time_us(lambda: fn(la, lb))
-                ours = time_us(lambda: fn(oa, ob))
-                theirs = time_us(lambda: fn(ta, tb))
-                floor = time_us(lambda: fn(fa, fb))
-                floor_fn = time_us(lambda: _FloorFunction.apply(fn, fa, fb))
+                plain = time_us(lambda: fn(la, lb), clock=_CPU)
+                ours = time_us(lambda: fn(oa, ob), clock=_CPU)
+                theirs = time_us(lambda: fn(ta, tb), clock=_CPU)
+                floor = time_us(lambda: fn(fa, fb), clock=_CPU)
+                floor_fn = time_us(lambda: _FloorFunction.apply(fn, fa, fb), clock=_CPU)
                 torch_over = max(theirs - plain, 1e-9)
                 rows.append({
                     "bench": "dispatch", "mode": mode, "op": op_name, "placement": pname, "world": world,
@@ -96,12 +104,48 @@ def _bench(rank, world):
                     "ratio_floor_subclass/torch-DTensor": round((floor - plain) / torch_over, 3),
                     "ratio_floor_function/torch-DTensor": round((floor_fn - plain) / torch_over, 3),
                 })
+    rows += _steps(mesh, world, sw, tdt)
     for mode in ("no_grad", "autograd"):
         summary = {"bench": "dispatch", "config": "ratios", "mode": mode, "world": world}
         for what in ("overhead_ours", "floor_subclass", "floor_function"):
-            ratios = sorted(r[f"ratio_{what}/torch-DTensor"] for r in rows if r["mode"] == mode)
+            key = f"ratio_{what}/torch-DTensor"
+            ratios = sorted(r[key] for r in rows if r["mode"] == mode and key in r)
             summary[f"median_ratio_{what}/torch-DTensor"] = ratios[len(ratios) // 2]
         rows.append(summary)
+    return rows
+
+
+def _steps(mesh, world, sw, tdt) -> list:
+    torch.manual_seed(1)
+    full_w = [torch.randn(64, 64) / 8 for _ in range(4)]
+    full_x = torch.randn(32, 64)
+    sides = {
+        "plain": ([w.clone().requires_grad_() for w in full_w],
+                  full_x.chunk(world)[torch.distributed.get_rank()].clone()),
+        "ours": ([sw.distribute_tensor(w.clone().requires_grad_(), mesh, [sw.Replicate()]) for w in full_w],
+                 sw.distribute_tensor(full_x, mesh, [sw.Shard(0)])),
+        "torch_dtensor": ([tdt.distribute_tensor(w.clone().requires_grad_(), mesh, [tdt.Replicate()]) for w in full_w],
+                          tdt.distribute_tensor(full_x, mesh, [tdt.Shard(0)])),
+    }
+    times = {}
+    for name, (ws, x) in sides.items():
+        def fwd(ws=ws, x=x):
+            h = x
+            for w in ws:
+                h = torch.relu(h @ w)
+            return h
+
+        def fwd_bwd(ws=ws, fwd=fwd):
+            out = fwd()
+            torch.autograd.grad(out, ws, grad_outputs=torch.ones_like(out))
+
+        times[name] = (time_us(fwd, clock=_CPU, inner=20), time_us(fwd_bwd, clock=_CPU, inner=20))
+    rows = []
+    for i, what in enumerate(("mlp4_fwd", "mlp4_fwd_bwd")):
+        plain, ours, theirs = (times[k][i] for k in ("plain", "ours", "torch_dtensor"))
+        rows.append({"bench": "dispatch", "mode": "autograd", "op": what, "placement": "S(0) x R", "world": world,
+                     "plain_us": round(plain, 1), "ours_us": round(ours, 1), "torch_dtensor_us": round(theirs, 1),
+                     "ratio_overhead_ours/torch-DTensor(step)": round((ours - plain) / max(theirs - plain, 1e-9), 3)})
     return rows
 
 
