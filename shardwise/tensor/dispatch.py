@@ -312,11 +312,19 @@ def make_entry(dispatcher: OpDispatcher):
         if not kwargs and 0 < n <= 2 and dispatcher.recording is None and _FAST_PATH_ON():
             a = args[0]
             if type(a) is cls:
-                b = args[1] if n == 2 else a
-                hit = quick.get((func, a._spec) if n == 1 else (func, a._spec, b._spec) if type(b) is cls else None)
+                if n == 1:
+                    hit = quick.get((func, a._spec))
+                else:
+                    b = args[1]
+                    if type(b) is cls:
+                        hit, b = quick.get((func, a._spec, b._spec)), b._local_tensor
+                    elif type(b) is list and b and type(b[0]) is int:  # dims or sizes: quick_key's key
+                        hit = quick.get((func, a._spec, tuple(b)))
+                    else:
+                        hit = None
                 if hit is not None:
                     cache.hits += 1
-                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b._local_tensor)
+                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b)
                     spec, inplace = hit
                     if inplace:
                         return a
