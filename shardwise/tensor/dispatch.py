@@ -27,12 +27,16 @@ from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
 from .spec import DTensorSpec, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "GATHER_FALLBACK", "IMPLICIT_REPLICATION"]
+__all__ = ["OpDispatcher", "PropagationCache", "make_entry", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK",
+           "IMPLICIT_REPLICATION", "FAST_PATH"]
 
 _SCALARS = (int, float, bool, complex)
 GATHER_FALLBACK = Switch("gather_fallback", False)
 # plain tensors of any shape mixed with DTensors count as Replicate (experimental.implicit_replication)
 IMPLICIT_REPLICATION = Switch("implicit_replication", False)
+# off: every call takes the full key and plan path (the torch-function fast path and the quick map)
+FAST_PATH = Switch("fast_path", True)
+_FAST_PATH_ON = FAST_PATH.get
 
 
 def has_tensor(seq) -> bool:
@@ -48,17 +52,22 @@ def seq_key(seq, cls) -> tuple[tuple, list]:
 
 
 class PropagationCache:
-    """Bounded map key -> OpPlan with hit/miss counters (tests count hits)."""
+    """Bounded map key -> OpPlan with hit/miss counters (tests count hits).
+
+    ``quick`` holds the plans that run the op on the local tensors as they are (no redistribution, no
+    local rewrite), keyed more cheaply (see ``quick_key``); a hit there counts as a hit."""
 
     def __init__(self, max_size: int = 8192):
         self.max_size = max_size
         self.plans: dict = {}
+        self.quick: dict = {}
         self.hits = 0
         self.misses = 0
         self._lock = threading.Lock()  # eviction by two threads at once would pop one key twice
 
     def clear(self) -> None:
         self.plans.clear()
+        self.quick.clear()
         self.hits = self.misses = 0
 
     def put(self, key, plan) -> None:
@@ -66,6 +75,14 @@ class PropagationCache:
             if len(self.plans) >= self.max_size:
                 self.plans.pop(next(iter(self.plans)))
             self.plans[key] = plan
+
+    def put_quick(self, qkey, plan) -> None:
+        if plan.redist or plan.local is not None or plan.guard is not None or plan.out_kind not in ("tensor", "inplace"):
+            return  # plans made under a switch must re-check it on every hit (the full path does)
+        with self._lock:
+            if len(self.quick) >= self.max_size:
+                self.quick.pop(next(iter(self.quick)))
+            self.quick[qkey] = (plan.out_specs[0], plan.out_kind == "inplace")
 
 
 class OpPlan:
@@ -99,6 +116,25 @@ class OpDispatcher:
     # -- hot path -------------------------------------------------------------------------------
     def __call__(self, op, args, kwargs):
         cls = self.cls
+        # Under autograd every op comes here (the torch-function fast path cannot record a backward):
+        # plans that just run the op on the local tensors are found by a cheaper key first.
+        qkey = quick_key(op, args, cls) if not kwargs and self.recording.get() is None and _FAST_PATH_ON() else None
+        if qkey is not None:
+            hit = self.cache.quick.get(qkey)
+            if hit is not None:
+                self.cache.hits += 1
+                spec, inplace = hit
+                a = args[0]
+                if len(args) == 1:
+                    out = op(a._local_tensor)
+                else:
+                    out = op(*[x._local_tensor if type(x) is cls else x for x in args])
+                if inplace:
+                    return a
+                r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                r._local_tensor = out
+                r._spec = spec
+                return r
         entry = lookup_rule(op)
         insensitive = entry is not None and entry.scalar_insensitive
         key = [op]
@@ -138,6 +174,8 @@ class OpDispatcher:
         recording = self.recording.get()
         if recording is not None:
             recording.append((op, entry, plan))
+        elif qkey is not None:
+            self.cache.put_quick(qkey, plan)
         return self._run(plan, op, args, local_args, kwargs or {})
 
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):
@@ -278,6 +316,72 @@ class OpDispatcher:
                             return i, j
                         n += 1
         raise AssertionError(f"tensor leaf {index} not found (tensor kwargs are not redistributed)")
+
+
+def make_entry(dispatcher: OpDispatcher):
+    """``__torch_dispatch__`` for ``dispatcher.cls``. Every op autograd records comes here; a call on one
+    or two DTensors whose plan is in the quick map runs inline (a frame less than the dispatcher's own
+    quick lookup), everything else goes to ``dispatcher``."""
+    cache, quick, cls = dispatcher.cache, dispatcher.cache.quick, dispatcher.cls
+
+    def __torch_dispatch__(_cls, func, types, args=(), kwargs=None):
+        n = len(args)
+        if not kwargs and 0 < n <= 2 and dispatcher.recording.get() is None and _FAST_PATH_ON():
+            a = args[0]
+            if type(a) is cls:
+                if n == 1:
+                    hit = quick.get((func, a._spec))
+                else:
+                    b = args[1]
+                    if type(b) is cls:
+                        hit, b = quick.get((func, a._spec, b._spec)), b._local_tensor
+                    elif type(b) is list and b and type(b[0]) is int:  # dims or sizes: quick_key's key
+                        hit = quick.get((func, a._spec, tuple(b)))
+                    else:
+                        hit = None
+                if hit is not None:
+                    cache.hits += 1
+                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b)
+                    spec, inplace = hit
+                    if inplace:
+                        return a
+                    r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                    r._local_tensor = out
+                    r._spec = spec
+                    return r
+        return dispatcher(func, args, kwargs)
+
+    return __torch_dispatch__
+
+
+_MAKE = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
+
+
+def quick_key(op, args, cls):
+    """A cheap cache key for a call whose arguments are DTensors (the first one a DTensor), scalars
+    and lists of ints, else None. Scalars enter with their type: ``x * 1`` and ``x * 1.0`` (or a bool
+    tensor times ``True``) have different output dtypes, and ``1 == 1.0 == True`` as dict keys."""
+    a = args[0] if args else None
+    if type(a) is not cls:
+        return None
+    if len(args) == 1:
+        return (op, a._spec)
+    key = [op, a._spec]
+    for x in args[1:]:
+        t = type(x)
+        if t is cls:
+            key.append(x._spec)
+        elif t is int or t is float or t is bool:
+            key.append(t)
+            key.append(x)
+        elif (t is list or t is tuple) and all(type(v) is int for v in x):
+            key.append(tuple(x))
+        elif x is None:
+            key.append(None)
+        else:
+            return None
+    return tuple(key)
 
 
 def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:

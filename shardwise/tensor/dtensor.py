@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .agreement import check_same_call, checks_enabled
 from .collectives import mesh_broadcast_
-from .dispatch import GATHER_FALLBACK, OpDispatcher
+from .dispatch import GATHER_FALLBACK, OpDispatcher, make_entry
 from .donation import donatable
 from .fastpath import FAST_PATH, FastPath
 from .layout_checks import check_distribute_call, check_from_local, check_local_shapes
@@ -31,6 +31,7 @@ _MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _STRIDED = torch.strided
 _FAST_PATH_ON = FAST_PATH.get
+_SCALARS = (int, float, bool)
 
 
 def _grad_placements(placements) -> tuple:
@@ -112,19 +113,31 @@ class DTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # the hottest case inline (a learned binary call on two DTensors, no autograd); see fastpath.py
-        if not kwargs and len(args) == 2 and _FAST_PATH_ON():
-            a, b = args
-            if type(a) is cls and type(b) is cls:
-                with _NO_TORCH_FUNCTION():
-                    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-                        plan = _FASTPATH.plans.get((func, a._spec, b._spec))
-                        if plan is not None and plan[1] == "wrap":
-                            out, spec = func(a._local_tensor, b._local_tensor), plan[0]
-                            r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
-                            r._local_tensor = out
-                            r._spec = spec
-                            return r
+        # the hottest cases inline (calls whose first argument is a DTensor); see fastpath.py
+        a = args[0] if args else None
+        if type(a) is cls:
+            n = len(args)
+            b = args[1] if n == 2 else None
+            with _NO_TORCH_FUNCTION():
+                if torch.is_grad_enabled() and (a.requires_grad or (isinstance(b, torch.Tensor) and b.requires_grad)):
+                    # autograd records the backward; the op reaches __torch_dispatch__ (its quick map)
+                    return func(*args, **kwargs) if kwargs else func(*args)
+                if not kwargs and n <= 2 and _FAST_PATH_ON():
+                    if n == 1:
+                        plan = _FASTPATH.plans.get((func, a._spec))
+                    elif type(b) is cls:
+                        plan, b = _FASTPATH.plans.get((func, a._spec, b._spec)), b._local_tensor
+                    elif type(b) in _SCALARS:  # the key FastPath._key makes for (DTensor, scalar)
+                        key = type(b) if _FASTPATH.scalar_types_only.get(func) else b
+                        plan = _FASTPATH.plans.get((func, a._spec, key))
+                    else:
+                        plan = None
+                    if plan is not None and plan[1] == "wrap":
+                        out, spec = func(a._local_tensor) if n == 1 else func(a._local_tensor, b), plan[0]
+                        r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                        r._local_tensor = out
+                        r._spec = spec
+                        return r
         return _FASTPATH(func, args, kwargs)
 
     @staticmethod
@@ -145,9 +158,7 @@ class DTensor(torch.Tensor):
         r._spec = spec
         return r
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _DISPATCHER(func, args, kwargs)
+    # __torch_dispatch__ is set below the class, once the dispatcher exists: dispatch.make_entry
 
     def __repr__(self) -> str:
         pl = ", ".join(str(p) for p in self._spec.placements)
@@ -325,11 +336,13 @@ class DTensor(torch.Tensor):
 
 _DISPATCHER = OpDispatcher(DTensor)
 _FASTPATH = FastPath(_DISPATCHER)
+DTensor.__torch_dispatch__ = classmethod(make_entry(_DISPATCHER))
 
 
 def fast_path(enabled: bool):
-    """Use (default) or bypass the torch-function fast path inside a ``with`` block, in this thread or
-    task only (see fastpath.py): bypassed, every call goes through the per-op dispatcher.
+    """Use (default) or bypass the torch-function fast path and the dispatcher's quick map inside a
+    ``with`` block, in this thread or task only (see fastpath.py, dispatch.py): bypassed, every call goes
+    through the per-op dispatcher's full key and plan.
 
     >>> with fast_path(False):          # doctest: +SKIP
     ...     y = (x * 2).relu()           # counted by propagation_cache()

@@ -5,7 +5,9 @@ other arguments). The first time, it runs through the normal aten dispatch while
 records what it did; if that was exactly one aten op whose plan needs no redistribution and no local
 rewrites, the call is remembered as "run the same function on the local tensors, wrap with this
 spec". Later calls skip the dispatcher's Python re-entry and the per-op plan lookup altogether.
-Calls that need autograd (grad mode on and an input requires grad) always take the full path.
+Calls that need autograd (grad mode on and an input requires grad) go to the dispatcher, where plans
+that run the op on the local tensors as they are hit a cheaper "quick" key (dispatch.py): autograd's
+own backward node is recorded as for any tensor, so gradients are the full path's.
 ``fast_path(False)`` (``FAST_PATH``, a per-context switch) sends every call down the full path.
 """
 
@@ -15,12 +17,10 @@ import threading
 
 import torch
 
-from ._switch import Switch
-from .dispatch import has_tensor, seq_key
+from .dispatch import FAST_PATH, has_tensor, seq_key
 
 _SCALARS = (int, float, bool)
 _SLOW = (None, "slow")  # this key never qualifies: go straight to the full path
-FAST_PATH = Switch("fast_path", True)
 
 
 class FastPath:
