@@ -29,6 +29,7 @@ Example (the cut is plain data; pieces from :func:`~shardwise.embedding.reshard.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -219,10 +220,25 @@ def _span(t: torch.Tensor) -> tuple:
     return t.untyped_storage().data_ptr(), t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
+def _index(writes: dict) -> dict:
+    """{storage: (starts, [(start, end, time)] sorted by start, longest span)}: a lookup that stays
+    fast with thousands of small pieces in one buffer."""
+    out = {}
+    for store, spans in writes.items():
+        spans.sort()
+        out[store] = ([a for a, _, _ in spans], spans, max(b - a for a, b, _ in spans))
+    return out
+
+
 def _first_write(span: tuple, writes: dict) -> float:
     """When the earliest write overlapping ``span`` starts (inf if none)."""
     store, lo, hi = span
-    return min((w for a, b, w in writes.get(store, ()) if a < hi and lo < b), default=float("inf"))
+    if store not in writes:
+        return float("inf")
+    starts, spans, longest = writes[store]
+    # only writes starting in (lo - longest, hi) can overlap [lo, hi)
+    i, j = bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)
+    return min((w for a, b, w in spans[i:j] if lo < b), default=float("inf"))
 
 
 def _order(rounds: list, local: list) -> tuple:
@@ -240,6 +256,7 @@ def _order(rounds: list, local: list) -> tuple:
             for s in msg.segments:
                 store, lo, hi = _span(s.view("dst"))
                 writes.setdefault(store, []).append((lo, hi, when))
+    writes = _index(writes)
     reads = [_span(src) for src, _ in local]
     conflicts = set()
     for j, (sends, _) in enumerate(rounds):
