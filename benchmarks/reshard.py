@@ -175,7 +175,8 @@ def run_ours(rank, world, args, move):
             "paired": statistics.median(t / f for t, f in zip(times, floors)),
             "floor_fresh_ms": ms(fresh), "bytes_sent": stats.bytes_sent,
             "touch_ms": ms(touch), "first_touch_ms": first_touch * 1e3, "copy_ms": ms(copies),
-            "paired_copy": statistics.median(t / (f + c) for t, f, c in zip(times, floors, copies)), "paired_alloc": statistics.median(t / (f + a) for t, f, a in zip(times, floors, touch)),
+            "paired_copy": statistics.median(t / (f + c) for t, f, c in zip(times, floors, copies)),
+            "paired_alloc": statistics.median(t / (f + a) for t, f, a in zip(times, floors, touch)),
             "bytes_reused": split[-2:], "first_split": [stats.bytes_reused, stats.bytes_allocated],
             "first_ms": first * 1e3, "first_floor_ms": floor.first * 1e3, "transient_bytes": stats.transient_bytes,
             "tables_moved": len(stats.tables_moved)}
@@ -294,8 +295,8 @@ def main(argv=None) -> None:
                # copy: one warm local copy of the bytes sent (a swap in place stages every send)
                "copy_ms": round(ours["copy_ms"], 1), "ratio_vs_floor_plus_copy_paired": round(ours["paired_copy"], 3),
                "first_alloc_ms": round(ours["first_touch_ms"], 1),
-               "first_ratio_vs_fresh_plus_alloc": round(ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]),
-                                                        3)}
+               "first_ratio_vs_fresh_plus_alloc": round(
+                   ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3)}
         if move == "rw_to_cw":
             theirs = spawn(run_torch_dtensor, 2, args, move)["ms"]
             rec.update(torch_dtensor_ms=round(theirs, 1), ratio_vs_torch_dtensor=round(ours["ms"] / theirs, 3))

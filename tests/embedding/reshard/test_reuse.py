@@ -44,7 +44,8 @@ def _batch(seed: int) -> KeyedJaggedTensor:
 CASES = {
     "swap_all": ({n: table_wise(i % 2) for i, (n, _) in enumerate(TABLES)},
                  {n: table_wise((i + 1) % 2) for i, (n, _) in enumerate(TABLES[:4])}),
-    "swap_keep": ({n: table_wise(i % 2) for i, (n, _) in enumerate(TABLES)}, {"u0": table_wise(1), "u1": table_wise(0)}),
+    "swap_keep": ({n: table_wise(i % 2) for i, (n, _) in enumerate(TABLES)},
+                  {"u0": table_wise(1), "u1": table_wise(0)}),
     "cw_swap": ({n: column_wise([0, 1]) for n, _ in TABLES}, {"u0": column_wise([1, 0]), "u2": column_wise([1, 0])}),
     "out_of_order": ({"u0": table_wise(0), "u1": table_wise(0), "u2": table_wise(1), "u3": table_wise(1),
                       "v0": table_wise(1), "v1": table_wise(0), "v2": table_wise(1), "v3": table_wise(0)},
