@@ -9,7 +9,7 @@ from typing import Optional, Union
 from torch import nn
 
 from shardwise.tensor import DTensor
-from shardwise.tensor.module_api import current_mesh
+from shardwise.tensor.distribute import current_mesh
 
 from .style import ParallelStyle
 

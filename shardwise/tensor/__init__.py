@@ -13,8 +13,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from . import ops as _ops  # noqa: F401  (registers the sharding rules)
 from .agreement import rank_checks
 from .collectives import CollectiveCounter, CollectiveTimeoutError
-from .dtensor import DTensor, distribute_tensor, fast_path, gather_fallback, propagation_cache
-from .module_api import distribute_module
+from .dtensor import DTensor, fast_path, gather_fallback, propagation_cache
+from .distribute import distribute_module, distribute_tensor
 from .ops.embedding import EmbeddingIndexError, embedding_index_check
 from .placements import MaskPartial, Partial, Placement, Replicate, Shard
 from .redistribute import plan_redistribute

@@ -22,12 +22,13 @@ import torch
 from ._switch import Switch
 from .placements import Replicate
 from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
+from .propagation.outputs import meta_outputs, outside_kernel
 from .propagation.registry import RuleEntry, is_out_variant, lookup_rule
 from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
 from .spec import DTensorSpec, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "make_entry", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK",
+__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK",
            "IMPLICIT_REPLICATION", "FAST_PATH"]
 
 _SCALARS = (int, float, bool, complex)
@@ -37,6 +38,8 @@ IMPLICIT_REPLICATION = Switch("implicit_replication", False)
 # off: every call takes the full key and plan path (the torch-function fast path and the quick map)
 FAST_PATH = Switch("fast_path", True)
 _FAST_PATH_ON = FAST_PATH.get
+_MAKE = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
 
 
 def has_tensor(seq) -> bool:
@@ -236,7 +239,7 @@ class OpDispatcher:
                 pl = normalize_placements(pl, mesh.ndim, meta.ndim)
                 out_specs.append(DTensorSpec(mesh, pl, meta.shape, meta.stride(), meta.dtype))
         if outside:
-            local = LocalPlan(kernel=_outside_kernel(out_specs, torch.device(mesh.device_type)))
+            local = LocalPlan(kernel=outside_kernel(out_specs, torch.device(mesh.device_type)))
         else:
             local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
         implicit = any(ta.placements is None and ta.ndim > 0 for ta in schema.tensor_args)
@@ -284,7 +287,7 @@ class OpDispatcher:
         for ta in tensor_args:
             if ta.placements is None and ta.ndim > 0 and not IMPLICIT_REPLICATION.get():
                 raise _mixed_error(op, ta.shape)
-        outputs = _meta_outputs(op, args, kwargs, cls)
+        outputs = meta_outputs(op, args, kwargs, cls)
         return OpSchema(op, sargs, skw, tensor_args, outputs, tuple(mesh.shape)), mesh
 
     def _fallback_entry(self, op, schema: OpSchema, mesh, args) -> RuleEntry:
@@ -318,46 +321,6 @@ class OpDispatcher:
         raise AssertionError(f"tensor leaf {index} not found (tensor kwargs are not redistributed)")
 
 
-def make_entry(dispatcher: OpDispatcher):
-    """``__torch_dispatch__`` for ``dispatcher.cls``. Every op autograd records comes here; a call on one
-    or two DTensors whose plan is in the quick map runs inline (a frame less than the dispatcher's own
-    quick lookup), everything else goes to ``dispatcher``."""
-    cache, quick, cls = dispatcher.cache, dispatcher.cache.quick, dispatcher.cls
-
-    def __torch_dispatch__(_cls, func, types, args=(), kwargs=None):
-        n = len(args)
-        if not kwargs and 0 < n <= 2 and dispatcher.recording.get() is None and _FAST_PATH_ON():
-            a = args[0]
-            if type(a) is cls:
-                if n == 1:
-                    hit = quick.get((func, a._spec))
-                else:
-                    b = args[1]
-                    if type(b) is cls:
-                        hit, b = quick.get((func, a._spec, b._spec)), b._local_tensor
-                    elif type(b) is list and b and type(b[0]) is int:  # dims or sizes: quick_key's key
-                        hit = quick.get((func, a._spec, tuple(b)))
-                    else:
-                        hit = None
-                if hit is not None:
-                    cache.hits += 1
-                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b)
-                    spec, inplace = hit
-                    if inplace:
-                        return a
-                    r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
-                    r._local_tensor = out
-                    r._spec = spec
-                    return r
-        return dispatcher(func, args, kwargs)
-
-    return __torch_dispatch__
-
-
-_MAKE = torch.Tensor._make_wrapper_subclass
-_STRIDED = torch.strided
-
-
 def quick_key(op, args, cls):
     """A cheap cache key for a call whose arguments are DTensors (the first one a DTensor), scalars
     and lists of ints, else None. Scalars enter with their type: ``x * 1`` and ``x * 1.0`` (or a bool
@@ -382,64 +345,6 @@ def quick_key(op, args, cls):
         else:
             return None
     return tuple(key)
-
-
-def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
-    """Run the op on meta tensors with the global shapes; returns the flat list of outputs."""
-
-    if not any("Tensor" in str(r.type) for r in op._schema.returns):
-        return [None] * len(op._schema.returns)
-
-    def to_meta(x, plain=True):
-        if isinstance(x, cls):
-            s = x._spec
-            return torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta")
-        if isinstance(x, torch.Tensor):
-            return x.to("meta") if plain else x
-        if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
-            return [to_meta(y, plain) for y in x]
-        return x
-
-    margs = [to_meta(a) for a in args]
-    mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
-    if "device" in mkwargs:
-        mkwargs["device"] = torch.device("meta")
-    try:
-        out = op(*margs, **mkwargs)
-    except (RuntimeError, NotImplementedError):
-        # some ops read a small plain tensor's values on the host (foreach `scalars`): keep plain
-        # tensors real and only make the distributed ones meta
-        margs = [to_meta(a, plain=False) for a in args]
-        mkwargs = {k: to_meta(v, plain=False) for k, v in kwargs.items()}
-        out = op(*margs, **mkwargs)
-    if op_mutates_first_arg(op) and len(op._schema.returns) <= 1:
-        out = margs[0] if not isinstance(margs[0], list) else margs[0]
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [o if isinstance(o, torch.Tensor) else None for o in out]
-    return []
-
-
-def _outside_kernel(out_specs, device):
-    """The local op of a rank outside the op's mesh, as PyTorch's: no collective and no compute; a tensor
-    output is an empty tensor (0-d: a zero) with the output's dtype, a non-tensor output is None."""
-
-    def empty(spec):
-        return torch.zeros((), dtype=spec.dtype, device=device) if not spec.shape else \
-            torch.empty(0, dtype=spec.dtype, device=device)
-
-    def kernel(op, args, kwargs):
-        rets = op._schema.returns
-        if op_mutates_first_arg(op) and len(rets) == 1:
-            return args[0]
-        if len(rets) == 1 and str(rets[0].type) == "Tensor":
-            return empty(out_specs[0])
-        if all(s is None for s in out_specs):
-            return None
-        return [None if s is None else empty(s) for s in out_specs]
-
-    return kernel
 
 
 def _mixed_error(op, shape) -> ValueError:

@@ -8,6 +8,7 @@ spec". Later calls skip the dispatcher's Python re-entry and the per-op plan loo
 Calls that need autograd (grad mode on and an input requires grad) go to the dispatcher, where plans
 that run the op on the local tensors as they are hit a cheaper "quick" key (dispatch.py): autograd's
 own backward node is recorded as for any tensor, so gradients are the full path's.
+``make_entry`` builds ``DTensor.__torch_dispatch__``, which runs such quick-map hits inline.
 ``fast_path(False)`` (``FAST_PATH``, a per-context switch) sends every call down the full path.
 """
 
@@ -17,7 +18,7 @@ import threading
 
 import torch
 
-from .dispatch import FAST_PATH, has_tensor, seq_key
+from .dispatch import _FAST_PATH_ON, _MAKE, _STRIDED, FAST_PATH, OpDispatcher, has_tensor, seq_key
 
 _SCALARS = (int, float, bool)
 _SLOW = (None, "slow")  # this key never qualifies: go straight to the full path
@@ -139,8 +140,7 @@ class FastPath:
         return out
 
 
-_make = torch.Tensor._make_wrapper_subclass
-_STRIDED = torch.strided
+_make = _MAKE
 
 
 def _wrap(cls, local: torch.Tensor, spec):
@@ -161,3 +161,39 @@ def _any_requires_grad(args) -> bool:
                 if isinstance(x, torch.Tensor) and x.requires_grad:
                     return True
     return False
+
+
+def make_entry(dispatcher: OpDispatcher):
+    """``__torch_dispatch__`` for ``dispatcher.cls``. Every op autograd records comes here; a call on one
+    or two DTensors whose plan is in the quick map runs inline (a frame less than the dispatcher's own
+    quick lookup), everything else goes to ``dispatcher``."""
+    cache, quick, cls = dispatcher.cache, dispatcher.cache.quick, dispatcher.cls
+
+    def __torch_dispatch__(_cls, func, types, args=(), kwargs=None):
+        n = len(args)
+        if not kwargs and 0 < n <= 2 and dispatcher.recording.get() is None and _FAST_PATH_ON():
+            a = args[0]
+            if type(a) is cls:
+                if n == 1:
+                    hit = quick.get((func, a._spec))
+                else:
+                    b = args[1]
+                    if type(b) is cls:
+                        hit, b = quick.get((func, a._spec, b._spec)), b._local_tensor
+                    elif type(b) is list and b and type(b[0]) is int:  # dims or sizes: quick_key's key
+                        hit = quick.get((func, a._spec, tuple(b)))
+                    else:
+                        hit = None
+                if hit is not None:
+                    cache.hits += 1
+                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b)
+                    spec, inplace = hit
+                    if inplace:
+                        return a
+                    r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                    r._local_tensor = out
+                    r._spec = spec
+                    return r
+        return dispatcher(func, args, kwargs)
+
+    return __torch_dispatch__

@@ -1,6 +1,8 @@
-"""``distribute_module``: turn a module's parameters into DTensors and lay out its inputs and outputs.
+"""``distribute_tensor`` (lay a full tensor out over a mesh) and ``distribute_module`` (turn a module's
+parameters into DTensors and lay out its inputs and outputs).
 
-Same name, signature and semantics as ``torch.distributed.tensor.distribute_module``: a
+``distribute_module`` has the same name, signature and semantics as torch's: a
+
 ``partition_fn(name, submodule, mesh)`` distributes what it wants, every parameter and buffer left
 plain is then replicated, and ``input_fn(module, inputs, mesh)`` / ``output_fn(module, outputs, mesh)``
 become forward pre- and post-hooks. The tensor-parallel styles in ``shardwise.parallel`` are built on it.
@@ -15,17 +17,72 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from .dtensor import DTensor, distribute_tensor
-from .placements import Replicate
+from .collectives import mesh_broadcast_
+from .dtensor import DTensor
+from .layout_checks import check_distribute_call
+from .placements import Partial, Placement, Replicate, Shard
+from .redistribute import to_partial
+from .spec import DTensorSpec, _contiguous_stride, chunk_range, coord_or_none, mesh_coord, mesh_or_current, \
+    normalize_placements
 
-__all__ = ["distribute_module"]
+__all__ = ["distribute_tensor", "distribute_module"]
 
 _APPLIED = "_distribute_module_applied"  # torch's attribute name: a module torch marked is refused too
+
+
+def distribute_tensor(
+    tensor: torch.Tensor, device_mesh: Optional[DeviceMesh] = None, placements: Sequence[Placement] = None, *,
+    src_data_rank: Optional[int] = 0
+) -> DTensor:
+    """Lay out a full tensor over the mesh. With ``src_data_rank=k`` (default 0) all ranks first check they
+    pass the same shape, dtype and placements, then the data of the mesh's k-th rank (row-major in
+    ``mesh.mesh``) is broadcast so every rank agrees; ``None`` trusts each rank's copy (no communication).
+    Both use the mesh's own per-dimension groups: a sub-mesh of an N-D mesh creates no process group.
+    A meta tensor gives a meta DTensor holding this rank's local shape, with no communication.
+    ``device_mesh=None`` takes the mesh of the innermost ``with mesh:`` block (as PyTorch's).
+
+    >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
+    """
+    if isinstance(tensor, DTensor):
+        raise TypeError("distribute_tensor got a DTensor; use .redistribute(mesh, placements) instead")
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"distribute_tensor expects a torch.Tensor, got {type(tensor).__name__}; pass torch.tensor(...)")
+    device_mesh = mesh_or_current(device_mesh, "distribute_tensor")
+    meta = tensor.device.type == "meta"  # shapes only: a meta DTensor, with no collective (as torch's)
+    if placements is None:
+        placements = [Replicate()] * device_mesh.ndim
+    if coord_or_none(device_mesh) is None:  # PyTorch's rule: a rank outside the mesh holds an empty piece
+        placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
+        spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
+        local = tensor.detach().new_empty(0, device=torch.device(device_mesh.device_type))
+        return DTensor(local, spec, requires_grad=tensor.requires_grad)
+    if src_data_rank is None or meta:
+        placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
+    else:  # every rank raises the same error when ranks disagree, before the data moves
+        placements, src_coord = check_distribute_call(tensor, placements, device_mesh, src_data_rank)
+    device = torch.device(device_mesh.device_type)
+    local = tensor.detach()
+    if local.device.type != device.type and not meta:
+        local = local.to(device)
+    if src_data_rank is not None and not meta:
+        local = mesh_broadcast_(local.contiguous().clone(), device_mesh, src_coord)
+    coord = mesh_coord(device_mesh)
+    mesh_shape = tuple(device_mesh.shape)
+    for mdim, p in enumerate(placements):
+        if type(p) is Shard:
+            start, length = chunk_range(local.shape[p.dim], mesh_shape[mdim], coord[mdim])
+            local = local.narrow(p.dim, start, length)
+        elif isinstance(p, Partial):
+            local = to_partial(local, p.reduce_op, coord[mdim])
+    local = local.contiguous() if src_data_rank is None else local.clone().contiguous()
+    spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
+    return DTensor(local, spec, requires_grad=tensor.requires_grad)
 
 
 def current_mesh(what: str) -> DeviceMesh:
