@@ -20,6 +20,13 @@ and for the floor. With as many ranks as cores the wire is CPU-bound, so every c
 beyond the transfer (packing column slices, moving kept rows into another layout, staging receives
 that land where a send still reads) shows up one for one in the wall time.
 
+Two more references, measured in the same processes after each reshard, bound what the floor
+leaves out: ``alloc_ms`` writes once the most bytes any rank's rebuilt stores had to put in new
+memory (``bytes_reused_allocated``: taken-over vs new bytes; a layout change must allocate, and a
+fresh page's first touch costs about as much as its bytes on the wire), and ``copy_ms`` copies the
+bytes a rank sends once, warm to warm (a swap that lands in the memory it leaves stages every send).
+``ratio_vs_floor_plus_alloc_paired`` / ``ratio_vs_floor_plus_copy_paired`` divide by floor + each.
+
     .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
     .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
 
@@ -84,6 +91,26 @@ class _Floor:
         # the first all_to_all of these sizes, into a fresh receive buffer: the peer of a first reshard
         self.first = self.run(True)[0]
         self.run(False)   # warm: the floor's buffers have been written once, as a reshard's old shards have
+        self.staged = torch.empty_like(self.send).copy_(self.send)
+
+    def copy(self) -> float:
+        """Wall seconds of one local copy of the bytes this rank sends, warm to warm: what staging
+        every send costs when the received rows land in the memory they leave (a swap in place)."""
+        dist.barrier()
+        t0 = time.perf_counter()
+        self.staged.copy_(self.send)
+        dist.barrier()
+        return time.perf_counter() - t0
+
+    @staticmethod
+    def touch(nbytes: int) -> float:
+        """Wall seconds to allocate ``nbytes`` and write each byte once (first-touch page faults): what
+        the new stores a reshard cannot place in old memory cost at the least, on top of the wire."""
+        dist.barrier()
+        t0 = time.perf_counter()
+        torch.empty(nbytes, dtype=torch.uint8).fill_(1)
+        dist.barrier()
+        return time.perf_counter() - t0
 
     def run(self, fresh: bool) -> tuple:
         """(wall seconds, this process's CPU seconds, all its threads)."""
@@ -93,6 +120,12 @@ class _Floor:
         dist.all_to_all_single(out, self.send, self.splits_out, self.splits_in)
         dist.barrier()
         return time.perf_counter() - t0, time.process_time() - c0
+
+
+def all_gather_max(n: int) -> int:
+    t = torch.tensor([n])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
 
 
 def run_ours(rank, world, args, move):
@@ -114,26 +147,37 @@ def run_ours(rank, world, args, move):
     dist.barrier()
     first = time.perf_counter() - t0
     floor = _Floor(stats.bytes_matrix, rank)
+    most = all_gather_max(stats.bytes_allocated)
+    first_touch = _Floor.touch(most) if most else 0.0   # the first reshard's new-memory bytes, written once
     reshard(mod, changes[1])           # the rest of the warm-up round trip
-    times, cpu, floors, floor_cpu, fresh = [], [], [], [], []
+    times, cpu, floors, floor_cpu, fresh, touch, split, copies = [], [], [], [], [], [], [], []
     for i in range(2 * args.reps):
         # each reshard is followed by the floor in the same seconds: on a shared machine, load that
         # comes and goes then hits both alike
         dist.barrier()
         c0, t0 = time.process_time(), time.perf_counter()
-        reshard(mod, changes[i % 2])
+        done = reshard(mod, changes[i % 2])
         dist.barrier()
         times.append(time.perf_counter() - t0)
+        split.append((done.bytes_reused, done.bytes_allocated))
         cpu.append(time.process_time() - c0)
         wall, used = floor.run(False)
         floors.append(wall)
         floor_cpu.append(used)
         fresh.append(floor.run(True)[0])
+        # the alloc floor: the largest new-memory bytes of any rank (all ranks wait for the slowest)
+        most = all_gather_max(done.bytes_allocated)
+        touch.append(_Floor.touch(most) if most else 0.0)
+        copies.append(floor.copy())
     ms = lambda xs: statistics.median(xs) * 1e3   # noqa: E731
     return {"ms": ms(times), "ms_each_way": [round(ms(times[0::2]), 1), round(ms(times[1::2]), 1)],
             "cpu_ms": ms(cpu), "floor_ms": ms(floors), "floor_cpu_ms": ms(floor_cpu),
             "paired": statistics.median(t / f for t, f in zip(times, floors)),
             "floor_fresh_ms": ms(fresh), "bytes_sent": stats.bytes_sent,
+            "touch_ms": ms(touch), "first_touch_ms": first_touch * 1e3, "copy_ms": ms(copies),
+            "paired_copy": statistics.median(t / (f + c) for t, f, c in zip(times, floors, copies)),
+            "paired_alloc": statistics.median(t / (f + a) for t, f, a in zip(times, floors, touch)),
+            "bytes_reused": split[-2:], "first_split": [stats.bytes_reused, stats.bytes_allocated],
             "first_ms": first * 1e3, "first_floor_ms": floor.first * 1e3, "transient_bytes": stats.transient_bytes,
             "tables_moved": len(stats.tables_moved)}
 
@@ -241,7 +285,18 @@ def main(argv=None) -> None:
                "ratio_vs_floor_fresh": round(ours["ms"] / ours["floor_fresh_ms"], 3),
                "first_ms": round(ours["first_ms"], 1), "first_floor_fresh_ms": round(ours["first_floor_ms"], 1),
                "first_ratio": round(ours["first_ms"] / ours["first_floor_ms"], 3),
-               "transient_bytes": ours["transient_bytes"]}
+               "transient_bytes": ours["transient_bytes"],
+               # rank 0's (bytes in old store memory taken over, bytes in new memory) of the last two
+               # reshards (one each way) and of the first; alloc: writing the most new-memory bytes of
+               # any rank once, after the same reshard; paired: ours / (floor + alloc)
+               "bytes_reused_allocated": ours["bytes_reused"], "first_reused_allocated": ours["first_split"],
+               "alloc_ms": round(ours["touch_ms"], 1),
+               "ratio_vs_floor_plus_alloc_paired": round(ours["paired_alloc"], 3),
+               # copy: one warm local copy of the bytes sent (a swap in place stages every send)
+               "copy_ms": round(ours["copy_ms"], 1), "ratio_vs_floor_plus_copy_paired": round(ours["paired_copy"], 3),
+               "first_alloc_ms": round(ours["first_touch_ms"], 1),
+               "first_ratio_vs_fresh_plus_alloc": round(
+                   ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3)}
         if move == "rw_to_cw":
             theirs = spawn(run_torch_dtensor, 2, args, move)["ms"]
             rec.update(torch_dtensor_ms=round(theirs, 1), ratio_vs_torch_dtensor=round(ours["ms"] / theirs, 3))

@@ -1,4 +1,4 @@
-"""Embedding-bag collections, unsharded and sharded over ranks (table/row/column/table-row-wise, DP).
+"""Embedding-bag and embedding collections, unsharded and sharded over ranks (table/row/column/table-row-wise, DP).
 
 Example:
     >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingBagCollection, shard, row_wise
@@ -7,7 +7,10 @@ Example:
     ...                 optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))   # doctest: +SKIP
 """
 
-from .collection import DataType, EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+from .collection import (
+    BaseEmbeddingConfig, DataType, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig,
+    PoolingType,
+)
 from .optim import FusedOptimizer, RowWiseAdagrad
 from .plan import (
     EmbeddingShardingPlanner,
@@ -25,10 +28,12 @@ from .plan import (
 from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
 from .model_parallel import DistributedModelParallel
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
+from .sharded_sequence import ShardedEmbeddingCollection
 from .sharded_table import ShardedTable
 
 __all__ = [
     "EmbeddingBagConfig", "PoolingType", "DataType", "EmbeddingBagCollection",
+    "BaseEmbeddingConfig", "EmbeddingConfig", "EmbeddingCollection", "ShardedEmbeddingCollection",
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",

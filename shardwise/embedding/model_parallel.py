@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .collection.bag_collection import EmbeddingBagCollection
+from .collection.embedding_collection import EmbeddingCollection
 from .plan.planner import EmbeddingShardingPlanner
 from .plan.values import ParameterSharding
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
@@ -24,7 +25,8 @@ __all__ = ["DistributedModelParallel"]
 
 
 def _collections(module: nn.Module) -> dict:
-    return {path: m for path, m in module.named_modules() if isinstance(m, EmbeddingBagCollection)}
+    return {path: m for path, m in module.named_modules()
+            if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))}
 
 
 def _per_collection(plan: Optional[dict], found: dict, topo: Topology, planner) -> dict:
@@ -57,8 +59,8 @@ def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
 
 
 class DistributedModelParallel(nn.Module):
-    """Wrap ``module``: every ``EmbeddingBagCollection`` inside is sharded over ``mesh`` (default: all
-    ranks) by ``plan`` -- TorchRec's ``{module path: {table: ParameterSharding}}``, a flat ``{table:
+    """Wrap ``module``: every ``EmbeddingBagCollection`` and ``EmbeddingCollection`` inside is sharded
+    over ``mesh`` (default: all ranks) by ``plan`` -- TorchRec's ``{module path: {table: ParameterSharding}}``, a flat ``{table:
     ParameterSharding}``, or None for :class:`EmbeddingShardingPlanner`'s choice over all tables --
     with ``optimizer`` fused into backward; the remaining (dense) parameters are wrapped in
     ``DistributedDataParallel`` when ``data_parallel`` (and more than one rank). ``shard_kwargs`` go
@@ -74,8 +76,8 @@ class DistributedModelParallel(nn.Module):
         super().__init__()
         found = _collections(module)
         if not found:
-            raise ValueError(f"{type(module).__name__} holds no EmbeddingBagCollection to shard; use "
-                             f"DistributedDataParallel for a dense model")
+            raise ValueError(f"{type(module).__name__} holds no EmbeddingBagCollection (or EmbeddingCollection) "
+                             f"to shard; use DistributedDataParallel for a dense model")
         topo = Topology.from_mesh(mesh)
         self.plan = _per_collection(plan, found, topo, planner)
         for path, ebc in found.items():
@@ -103,7 +105,7 @@ class DistributedModelParallel(nn.Module):
 
     @property
     def sharded_modules(self) -> dict:
-        """``{module path: ShardedEmbeddingBagCollection}``."""
+        """``{module path: ShardedEmbeddingBagCollection | ShardedEmbeddingCollection}``."""
         inner = self._inner
         return {p: (inner.get_submodule(p) if p else inner) for p in self._paths}
 

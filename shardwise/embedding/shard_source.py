@@ -24,13 +24,20 @@ import torch.distributed as dist
 from .collection.init import fill_rows
 from .sharding.comm import all_gather_ints
 
-__all__ = ["shard_source", "check_or_broadcast"]
+__all__ = ["shard_source", "check_or_broadcast", "table_weight"]
+
+
+def table_weight(ebc, name: str) -> torch.Tensor:
+    """A table's weight in an unsharded collection: ``embedding_bags`` of an EmbeddingBagCollection,
+    ``embeddings`` of an EmbeddingCollection (TorchRec's attribute names)."""
+    tables = getattr(ebc, "embedding_bags", None)
+    return (ebc.embeddings if tables is None else tables)[name].weight
 
 
 def shard_source(ebc, tables: list) -> Union[dict, Callable]:
     """``{table: whole weight}`` for a collection with storage, else ``fill(box, out)``."""
     if not ebc.is_meta:
-        return {t.name: ebc.embedding_bags[t.name].weight.detach() for t in tables}
+        return {t.name: table_weight(ebc, t.name).detach() for t in tables}
     by_name = {t.name: t for t in tables}
 
     def fill(box, out: torch.Tensor) -> None:
@@ -59,13 +66,13 @@ def check_or_broadcast(ebc, topo, src_rank: Optional[int]) -> None:
     if src_rank is not None:
         with torch.no_grad():
             for n in names:
-                w = ebc.embedding_bags[n].weight
+                w = table_weight(ebc, n)
                 buf = w.data if w.device == topo.device else w.data.to(topo.device)
                 dist.broadcast(buf, dist.get_global_rank(topo.group, src_rank), group=topo.group)
                 if buf is not w.data:
                     w.data.copy_(buf)
         return
-    mine = [b for n in names for b in _digest(ebc.embedding_bags[n].weight)]
+    mine = [b for n in names for b in _digest(table_weight(ebc, n))]
     rows = all_gather_ints(mine, topo.world_size, topo.group, topo.device)
     differ = {}
     for k, n in enumerate(names):

@@ -23,7 +23,7 @@ from .optim.rules import STATE_DTYPE
 from .sharding.store import ShardStore
 from .sharding.exchange import PendingInput, start_groups
 from .sharding import SHARDERS, Stages
-from .shard_source import check_or_broadcast, shard_source
+from .shard_source import check_or_broadcast, shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
 from .topology import Topology
 
@@ -68,6 +68,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
         >>> sharded.state_dict()["embedding_bags.t0.weight"].full_tensor().shape                        # doctest: +SKIP
     """
 
+    _prefix = "embedding_bags"   # state-dict keys: <_prefix>.<table>.weight (the unsharded module's names)
+
     def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
         super().__init__()
@@ -80,7 +82,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         for f, d in zip(self._features, self._dims):
             cols[f], start = start, start + d
         self._total_dim = start
-        self._mean_mask = [t.pooling == "mean" for t in self._tables for _ in t.feature_names]
+        self._mean_mask = [getattr(t, "pooling", "sum") == "mean" for t in self._tables for _ in t.feature_names]
         self._rows = {f: t.num_embeddings for t in self._tables for f in t.feature_names}
         rule, hp = resolve_optimizer(optimizer) if optimizer is not None else (None, None)
         self._compile = bool(compile_optimizer)
@@ -90,7 +92,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._grad_scale = 1.0 / topo.world_size if gradient_division else 1.0
         self._check_rule(rule, plan)
         weights = shard_source(ebc, self._tables)
-        self._dtype = ebc.embedding_bags[self._tables[0].name].weight.dtype
+        self._dtype = table_weight(ebc, self._tables[0].name).dtype
         # A leaf that every backward collective hangs on, so ranks without shards still take part.
         self._anchor = torch.empty(0, device=topo.device, requires_grad=True)
         self._groups: list[_Group] = []
@@ -119,8 +121,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
                            sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
                            dtype=self._dtype, grad_scale=self._grad_scale)
-        stages = sharder.build(routing, topo, store, self._anchor, self._is_weighted, self._dtype)
+        stages = self._make_stages(sharder, routing, store)
         return _Group(st, spec, routing, store, stages, sharder.replicated)
+
+    def _make_stages(self, sharder, routing: Routing, store: ShardStore) -> Stages:
+        """The three stages of one group (pooled here; a subclass may return other output stages)."""
+        return sharder.build(routing, self._topo, store, self._anchor, self._is_weighted, self._dtype)
 
     @property
     def tables(self):
@@ -223,10 +229,26 @@ class ShardedEmbeddingBagCollection(nn.Module):
                   for f, mean in zip(self._features, self._mean_mask)]
         return KeyedTensor(self._features, self._dims, torch.cat(pieces, dim=1))
 
+    def _agree_batch(self, kjt: KeyedJaggedTensor):
+        """Collective: (this rank's batch on the device, its batch size, every rank's batch size)."""
+        topo = self._topo
+        problem = self._check_batch(kjt)
+        batch = kjt.stride() if problem is None else 0
+        # One small all-gather carries batch sizes and "my batch is bad" flags, so a bad batch on
+        # one rank makes every rank raise the same error instead of leaving the others hanging.
+        rows = all_gather_ints([batch, int(problem is not None)], topo.world_size, topo.group, topo.device)
+        if any(flag for _, flag in rows):
+            self._raise_everywhere(problem, [r for r, (_, flag) in enumerate(rows) if flag])
+        kjt = kjt.to(topo.device) if kjt.values().device != topo.device else kjt
+        return kjt, batch, [b for b, _ in rows]
+
+    def _check_features(self, kjt) -> None:
+        check_features(kjt, self._features, self._is_weighted)
+
     def _check_batch(self, kjt) -> Optional[str]:
         """This rank's problem with its batch (None if fine): type, features, weights, id range."""
         try:
-            check_features(kjt, self._features, self._is_weighted)
+            self._check_features(kjt)
         except (ValueError, TypeError) as exc:
             return f"{type(exc).__name__}: {exc}"
         if kjt.variable_stride_per_key():
@@ -292,24 +314,25 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return sorted(out, key=lambda x: order[x[0].name])
 
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False) -> dict:
-        """``{prefix + "embedding_bags.<table>.weight": DTensor | ShardedTable}`` viewing the live shards."""
+        """``{prefix + "embedding_bags.<table>.weight": DTensor | ShardedTable}`` viewing the live shards
+        (``embeddings.<table>.weight`` for a sharded EmbeddingCollection)."""
         out = OrderedDict() if destination is None else destination
         for t, boxes, local, replicated, _ in self._table_shards():
             size = (t.num_embeddings, t.embedding_dim)
-            out[f"{prefix}embedding_bags.{t.name}.weight"] = wrap_shards(boxes, local, size, self._topo,
+            out[f"{prefix}{self._prefix}.{t.name}.weight"] = wrap_shards(boxes, local, size, self._topo,
                                                                          replicated, self._dtype)
         return out
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Copy weights from DTensors, ShardedTables or whole plain tensors into the local shards."""
-        keys = [f"embedding_bags.{t.name}.weight" for t in self._tables]
+        keys = [f"{self._prefix}.{t.name}.weight" for t in self._tables]
         missing = [k for k in keys if k not in state_dict]
         unexpected = sorted(k for k in state_dict if k not in keys)
         if strict and (missing or unexpected):
             raise ValueError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}; pass "
                              f"strict=False to load a subset")
         for t in self._tables:   # every value first: a bad later table must not leave earlier ones loaded
-            key, size = f"embedding_bags.{t.name}.weight", (t.num_embeddings, t.embedding_dim)
+            key, size = f"{self._prefix}.{t.name}.weight", (t.num_embeddings, t.embedding_dim)
             if key in state_dict and not isinstance(state_dict[key], torch.Tensor):
                 raise TypeError(f"{key}: a {type(state_dict[key]).__name__} is not a tensor; load tensors, "
                                 f"DTensors or ShardedTables of shape {size} (nothing was loaded)")
@@ -317,7 +340,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 raise ValueError(f"{key}: shape {tuple(state_dict[key].shape)} does not match the table's {size}; "
                                  f"load a state dict of the same tables (nothing was loaded)")
         for t, boxes, local, replicated, _ in self._table_shards():
-            key = f"embedding_bags.{t.name}.weight"
+            key = f"{self._prefix}.{t.name}.weight"
             if key in state_dict:
                 copy_into_shards(state_dict[key], boxes, local, (t.num_embeddings, t.embedding_dim),
                                  self._topo, replicated, key)
@@ -341,14 +364,16 @@ def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topolo
     differ = [r for r in range(n) if rows[r] != rows[0]]
     if differ:
         raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
-                         f"rank 0; every rank must call shard() with the same EmbeddingBagConfigs, plan, mesh, init_seed, "
+                         f"rank 0; every rank must call shard() with the same table configs, plan, mesh, init_seed, "
                          f"src_rank and device (meta or not)")
 
 
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
           compile_optimizer: bool = False, src_rank: Optional[int] = None,
           gradient_division: bool = True, load_sample_every: int = 4) -> ShardedEmbeddingBagCollection:
-    """Shard ``ebc`` over ``mesh`` (default: all ranks of the default process group) per ``plan``.
+    """Shard ``ebc`` (an EmbeddingBagCollection, or an EmbeddingCollection: then a
+    :class:`~shardwise.embedding.ShardedEmbeddingCollection`) over ``mesh`` (default: all ranks of the
+    default process group) per ``plan``.
 
     Each rank materialises only its own shards: copied out of ``ebc``'s tables when it was built with
     storage (every table's digest is compared across ranks first and differing tables raise, unless
@@ -371,8 +396,11 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
         ...                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))   # doctest: +SKIP
         >>> sharded(local_kjt).values().sum().backward()                          # doctest: +SKIP
     """
-    if not isinstance(ebc, EmbeddingBagCollection):
-        raise TypeError(f"shard() expects an EmbeddingBagCollection, got {type(ebc).__name__}")
+    from .sharded_sequence import EmbeddingCollection, ShardedEmbeddingCollection   # it subclasses ours
+
+    if not isinstance(ebc, (EmbeddingBagCollection, EmbeddingCollection)):
+        raise TypeError(f"shard() expects an EmbeddingBagCollection or an EmbeddingCollection, got "
+                        f"{type(ebc).__name__}")
     _check_plan(ebc, plan)
     topo = Topology.from_mesh(mesh)
     if src_rank is not None and (not isinstance(src_rank, int) or isinstance(src_rank, bool)
@@ -386,5 +414,5 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
                          f"load on every k-th forward; 1 = every forward)")
     _check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
     check_or_broadcast(ebc, topo, src_rank)
-    return ShardedEmbeddingBagCollection(ebc, plan, topo, optimizer, compile_optimizer, gradient_division,
-                                         load_sample_every)
+    cls = ShardedEmbeddingCollection if isinstance(ebc, EmbeddingCollection) else ShardedEmbeddingBagCollection
+    return cls(ebc, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)

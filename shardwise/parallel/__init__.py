@@ -1,4 +1,4 @@
-"""Tensor parallelism for ``nn.Module``s on a 1-D DeviceMesh, uneven sizes included.
+"""Tensor parallelism for ``nn.Module``s on a 1-D DeviceMesh, with torch's names and semantics.
 
 >>> from shardwise.parallel import parallelize_module, ColwiseParallel, RowwiseParallel  # doctest: +SKIP
 >>> mesh = init_device_mesh("cpu", (3,))                                                  # doctest: +SKIP
@@ -12,9 +12,11 @@
 from shardwise.tensor.ops.embedding import EmbeddingIndexError, embedding_index_check
 
 from .api import parallelize_module
-from .style import ColwiseParallel, ParallelStyle, PrepareModuleInput, RowwiseParallel
+from .prepare import PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput
+from .style import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
 __all__ = [
-    "parallelize_module", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "PrepareModuleInput",
+    "parallelize_module", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
+    "PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput",
     "EmbeddingIndexError", "embedding_index_check",
 ]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from fnmatch import fnmatchcase
-from typing import Union
+import warnings
+from typing import Optional, Union
 
 from torch import nn
 
 from shardwise.tensor import DTensor
+from shardwise.tensor.distribute import current_mesh
 
-from .style import ParallelStyle, _TPStyle
+from .style import ParallelStyle
 
 __all__ = ["parallelize_module"]
 
@@ -29,7 +31,7 @@ def _resolve(module: nn.Module, plan: dict) -> list[tuple[str, nn.Module, Parall
         if not isinstance(style, ParallelStyle):
             raise TypeError(
                 f"parallelize_module: plan[{pattern!r}] is {type(style).__name__}, not a ParallelStyle; "
-                "use ColwiseParallel(), RowwiseParallel() or PrepareModuleInput(...)"
+                "use ColwiseParallel(), RowwiseParallel(), SequenceParallel() or PrepareModuleInput/Output(...)"
             )
         found = [(n, m) for n, m in modules if _matches(pattern, n)]
         if not found:
@@ -49,9 +51,10 @@ def _check_once(targets) -> None:
     """A module's parameters can be distributed once: one parameter-owning style per module."""
     owner: dict = {}
     for name, mod, style in targets:
-        if not isinstance(style, _TPStyle):
+        if not style.owns_parameters:
             continue
-        if any(isinstance(p, DTensor) for p in mod.parameters(recurse=False)):
+        if getattr(mod, "_distribute_module_applied", False) or any(
+                isinstance(p, DTensor) for p in mod.parameters(recurse=False)):
             raise ValueError(
                 f"parallelize_module: {name!r} already has DTensor parameters (parallelized before); "
                 "parallelize a fresh module or drop it from the plan"
@@ -64,23 +67,36 @@ def _check_once(targets) -> None:
         owner[id(mod)] = style
 
 
-def parallelize_module(module: nn.Module, device_mesh, parallelize_plan: Union[ParallelStyle, dict]) -> nn.Module:
-    """Parallelize ``module`` in place on a 1-D mesh and return it.
+def parallelize_module(module: nn.Module, device_mesh=None,
+                       parallelize_plan: Union[ParallelStyle, dict, None] = None, *,
+                       src_data_rank: Optional[int] = 0) -> nn.Module:
+    """Parallelize ``module`` in place on a 1-D mesh and return it (torch's signature).
 
     ``parallelize_plan`` is one style (for ``module`` itself) or a dict mapping submodule names (globs
     per dotted atom allowed, ``""`` is the root) to styles. Every entry is validated before any module
-    is changed.
+    is changed; a key that matches nothing is an error (torch warns and skips it). ``device_mesh=None``
+    takes the mesh of the enclosing ``with mesh:`` block. ``src_data_rank``: the mesh rank whose
+    parameter values every rank gets (None: each rank keeps its own, no communication).
 
     >>> mesh = init_device_mesh("cpu", (3,))                                     # doctest: +SKIP
     >>> parallelize_module(model, mesh, {"emb": RowwiseParallel(), "fc1": ColwiseParallel(),
     ...                                  "fc2": RowwiseParallel()})               # doctest: +SKIP
     """
+    if device_mesh is None:
+        device_mesh = current_mesh("parallelize_module")
+    if parallelize_plan is None:
+        warnings.warn("parallelize_module: no parallelize_plan given, the module is left as it is", stacklevel=2)
+        return module
     if device_mesh.ndim != 1:
         raise ValueError(
             f"parallelize_module: the mesh has {device_mesh.ndim} dimensions; tensor-parallel styles take a "
             "1-D mesh, e.g. mesh['tp'] of a 2-D mesh"
         )
+    if src_data_rank is not None and not (isinstance(src_data_rank, int) and 0 <= src_data_rank < device_mesh.size()):
+        raise ValueError(f"parallelize_module(src_data_rank={src_data_rank!r}): must be a rank of the mesh "
+                         f"(0..{device_mesh.size() - 1}) or None")
     plan = parallelize_plan if isinstance(parallelize_plan, dict) else {"": parallelize_plan}
     for name, mod, style in _resolve(module, plan):
-        style.apply(mod, device_mesh)
+        style.src_data_rank = src_data_rank  # as torch: the style reads it while distributing
+        style._apply(mod, device_mesh)
     return module

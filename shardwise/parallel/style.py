@@ -1,8 +1,10 @@
 """Tensor-parallel styles: how one module's parameters, inputs and outputs are laid out on a 1-D mesh.
 
-A style distributes the module's parameters as DTensors and installs forward hooks that lay out
-inputs (plain tensors are wrapped with their true global shape, so uneven ``torch.chunk`` shards work
-on any world size) and outputs. The module's own ``forward`` then runs per-op on DTensors.
+Names, arguments and semantics follow ``torch.distributed.tensor.parallel``. A style distributes the
+module's parameters as DTensors (through ``distribute_module``) and installs forward hooks that lay
+out inputs and outputs; the module's own ``forward`` then runs per op on DTensors. A plain-tensor
+input is taken as this rank's even piece (no communication, as torch's); ``uneven_shards=True``
+accepts uneven ``torch.chunk`` pieces at the cost of one small all-reduce per forward (see _layout.py).
 
 >>> plan = {"emb": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}  # doctest: +SKIP
 >>> parallelize_module(model, mesh, plan)                                                   # doctest: +SKIP
@@ -10,70 +12,29 @@ on any world size) and outputs. The module's own ``forward`` then runs per-op on
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
-
 import torch
 from torch import nn
 
-from shardwise.tensor import DTensor, Placement, Replicate, Shard, distribute_tensor
-from shardwise.tensor.collectives import all_reduce
+from shardwise.tensor import DTensor, Replicate, Shard, distribute_module, distribute_tensor
 
-__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "PrepareModuleInput"]
+from ._layout import check_flag, check_placement, from_dtensor, to_dtensor
 
-
-def _check_placement(value, what: str, style: str) -> Optional[Placement]:
-    if value is None or isinstance(value, Placement):
-        return value
-    raise TypeError(
-        f"{style}({what}={value!r}): expected one Placement for the 1-D tensor-parallel mesh, "
-        "e.g. Shard(-1) or Replicate()"
-    )
-
-
-def _global_shape(x: torch.Tensor, mesh, placement: Placement, known: dict) -> list[int]:
-    """Global shape of a local piece laid out as ``placement``; ``known`` maps dims to global sizes
-    the module fixes (a Linear's features); other sharded dims are summed over the mesh."""
-    shape = list(x.shape)
-    if type(placement) is Shard:
-        d = placement.dim % x.ndim
-        if d in known or d - x.ndim in known:
-            shape[d] = known.get(d, known.get(d - x.ndim))
-        else:  # uneven shards make the size ambiguous: ask the other ranks (one tiny all-reduce)
-            size = torch.tensor([x.shape[d]], dtype=torch.long, device=x.device)
-            shape[d] = int(all_reduce(size, "sum", mesh, 0).item())
-    return shape
-
-
-def to_dtensor(x, mesh, src: Placement, dst: Optional[Placement], known: Optional[dict] = None):
-    """Lay out a module input: a plain tensor is this rank's piece laid out as ``src``; a DTensor keeps
-    its own layout. Either is then redistributed to ``dst`` (None: leave as is)."""
-    if not isinstance(x, torch.Tensor):
-        return x
-    if not isinstance(x, DTensor):
-        if src is None:
-            return x
-        shape = _global_shape(x, mesh, src, known or {})
-        x = DTensor.from_local(x, mesh, [src], shape=shape)
-    if dst is not None and x.placements != (dst,):
-        x = x.redistribute(mesh, [dst])
-    return x
-
-
-def from_dtensor(x, mesh, dst: Optional[Placement], use_local: bool):
-    if not isinstance(x, DTensor):
-        return x
-    if dst is not None and x.placements != (dst,):
-        x = x.redistribute(mesh, [dst])
-    return x.to_local() if use_local else x
+__all__ = ["ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel"]
 
 
 class ParallelStyle:
-    """Base of the styles: ``apply(module, mesh)`` parallelizes one module in place."""
+    """Base of the styles: ``_apply(module, device_mesh)`` (torch's name; ``apply`` is the same)
+    parallelizes one module in place. ``src_data_rank`` is set by ``parallelize_module``."""
 
     supported: tuple = ()
+    owns_parameters = False  # distributes the module's parameters (at most one such style per module)
+    src_data_rank = 0
 
-    def apply(self, module: nn.Module, mesh) -> nn.Module:
-        raise NotImplementedError
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} must define _apply(module, device_mesh)")
+
+    def apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        return self._apply(module, device_mesh)
 
     def check(self, name: str, module: nn.Module) -> None:
         """Raise before anything is changed when this style cannot parallelize ``module``."""
@@ -84,50 +45,57 @@ class ParallelStyle:
                 f"it supports {kinds}. Map {name!r} to another style or to a submodule of a supported type"
             )
 
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
 
-def _distribute_params(module: nn.Module, mesh, placements: dict) -> None:
+
+def _distribute_params(module: nn.Module, mesh, placements: dict, src_data_rank) -> None:
     for name, param in list(module.named_parameters(recurse=False)):
         pl = placements.get(name, Replicate())
-        dt = distribute_tensor(param.detach(), mesh, [pl])
+        dt = distribute_tensor(param.detach(), mesh, [pl], src_data_rank=src_data_rank)
         module.register_parameter(name, nn.Parameter(dt, requires_grad=param.requires_grad))
 
 
 class _TPStyle(ParallelStyle):
     supported = (nn.Linear, nn.Embedding)
+    owns_parameters = True
 
-    def __init__(self, *, input_layouts: Placement = None, output_layouts: Placement = None,
-                 use_local_output: bool = True):
+    def __init__(self, *, input_layouts=None, output_layouts=None, use_local_output: bool = True,
+                 uneven_shards: bool = False):
         name = type(self).__name__
-        self.input_layouts = _check_placement(input_layouts, "input_layouts", name)
-        self.output_layouts = _check_placement(output_layouts, "output_layouts", name)
-        if not isinstance(use_local_output, bool):
-            raise TypeError(f"{name}(use_local_output={use_local_output!r}): pass True or False")
-        self.use_local_output = use_local_output
+        self.input_layouts = check_placement(input_layouts, "input_layouts", name)
+        self.output_layouts = check_placement(output_layouts, "output_layouts", name)
+        self.use_local_output = check_flag(use_local_output, "use_local_output", name)
+        self.uneven_shards = check_flag(uneven_shards, "uneven_shards", name)
 
-    def _layouts(self, module) -> tuple[Placement, Placement, Placement, dict]:
+    def _layouts(self, module) -> tuple:
         """(input layout, layout the computation needs, output layout, parameter placements)."""
         raise NotImplementedError
 
-    def apply(self, module: nn.Module, mesh) -> nn.Module:
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
         src, want, out, params = self._layouts(module)
+        # the global input-feature count is the module's: no guess, no collective
         known = {-1: module.in_features} if isinstance(module, nn.Linear) else {}
-        _distribute_params(module, mesh, params)
-        use_local = self.use_local_output
+        uneven, use_local, src_rank = self.uneven_shards, self.use_local_output, self.src_data_rank
 
-        def pre_hook(mod, args):
-            return (to_dtensor(args[0], mesh, src, want, known),) + tuple(args[1:])
+        def partition(name, mod, mesh):
+            if mod is module:
+                _distribute_params(mod, mesh, params, src_rank)
 
-        def post_hook(mod, args, output):
+        def input_fn(mod, args, mesh):
+            return (to_dtensor(args[0], mesh, src, want, uneven, known),) + tuple(args[1:])
+
+        def output_fn(mod, output, mesh):
             return from_dtensor(output, mesh, out, use_local)
 
-        module.register_forward_pre_hook(pre_hook)
-        module.register_forward_hook(post_hook)
-        return module
+        return distribute_module(module, device_mesh, partition, input_fn, output_fn)
 
 
 class ColwiseParallel(_TPStyle):
     """Shard a Linear's output features (weight and bias ``Shard(0)``) or an Embedding's columns
-    (``Shard(1)``). Input: ``Replicate()`` by default; output: ``Shard(-1)`` by default.
+    (``Shard(1)``). Input: ``Replicate()`` by default; output: ``Shard(-1)`` by default;
+    ``use_local_output=True`` returns the local piece. ``uneven_shards=True``: see the module docstring.
 
     >>> parallelize_module(model, mesh, {"up": ColwiseParallel()})  # doctest: +SKIP
     """
@@ -142,9 +110,10 @@ class ColwiseParallel(_TPStyle):
 
 class RowwiseParallel(_TPStyle):
     """Shard a Linear's input features (weight ``Shard(1)``, bias replicated; input ``Shard(-1)`` by
-    default) or an Embedding's rows (``Shard(0)``; replicated ids). The partial result is reduced to
-    ``output_layouts``: ``Replicate()`` by default (one all-reduce) or e.g. ``Shard(1)`` for a
-    sequence-sharded output (one reduce-scatter). Uneven shards (e.g. 10 rows on 3 ranks) work.
+    default) or an Embedding's rows (``Shard(0)``; replicated ids by default, where torch's default
+    is ``Shard(-1)``: pass ``input_layouts`` explicitly to be portable). The partial result is reduced
+    to ``output_layouts``: ``Replicate()`` by default (one all-reduce) or e.g. ``Shard(1)`` (one
+    reduce-scatter). Uneven feature and row counts (10 rows on 3 ranks) work.
 
     >>> parallelize_module(model, mesh, {"emb": RowwiseParallel(output_layouts=Shard(1))})  # doctest: +SKIP
     """
@@ -157,51 +126,42 @@ class RowwiseParallel(_TPStyle):
         return self.input_layouts or Replicate(), Replicate(), out, {"weight": Shard(0)}
 
 
-class PrepareModuleInput(ParallelStyle):
-    """Lay out a module's inputs before its forward: positional ``input_layouts`` (one entry per
-    argument, None = leave it) are redistributed to ``desired_input_layouts``; keyword arguments
-    likewise through the ``*_kwarg_layouts`` dicts.
+class SequenceParallel(ParallelStyle):
+    """Replicate a module's parameters and run it on input sharded along ``sequence_dim`` (LayerNorm,
+    RMSNorm, Dropout: ops that act per position). A plain-tensor input is taken as this rank's
+    sequence piece; a DTensor input is redistributed to ``Shard(sequence_dim)``. The output stays
+    sequence-sharded (a DTensor unless ``use_local_output=True``).
 
-    >>> PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None))  # doctest: +SKIP
+    Like torch's, the parameters are replicated from each rank's own values (no broadcast): every
+    rank must hold the same values (LayerNorm's ones/zeros, or the same seed).
+
+    >>> parallelize_module(block, mesh, {"norm": SequenceParallel()})  # doctest: +SKIP
     """
 
-    def __init__(self, *, input_layouts: Sequence = (), desired_input_layouts: Sequence = (),
-                 input_kwarg_layouts: Optional[dict] = None, desired_input_kwarg_layouts: Optional[dict] = None,
-                 use_local_output: bool = False):
-        one = lambda v: (v,) if isinstance(v, Placement) or v is None else tuple(v)  # noqa: E731
-        self.input_layouts, self.desired = one(input_layouts), one(desired_input_layouts)
-        if len(self.input_layouts) != len(self.desired):
-            raise ValueError(
-                f"PrepareModuleInput: input_layouts has {len(self.input_layouts)} entries but "
-                f"desired_input_layouts has {len(self.desired)}; give one entry (or None) per argument"
-            )
-        self.kw = dict(input_kwarg_layouts or {})
-        self.kw_desired = dict(desired_input_kwarg_layouts or {})
-        if set(self.kw_desired) - set(self.kw):
-            raise ValueError(
-                f"PrepareModuleInput: desired_input_kwarg_layouts names {sorted(set(self.kw_desired) - set(self.kw))} "
-                "missing from input_kwarg_layouts; give both layouts for each keyword argument"
-            )
-        for i, p in enumerate(self.input_layouts + self.desired + tuple(self.kw.values())):
-            _check_placement(p, "layouts", "PrepareModuleInput")
-        self.use_local_output = use_local_output
+    owns_parameters = True
 
-    def _convert(self, x, mesh, src, dst):
-        x = to_dtensor(x, mesh, src, dst)
-        return x.to_local() if self.use_local_output and isinstance(x, DTensor) else x
+    def __init__(self, *, sequence_dim: int = 1, use_local_output: bool = False, uneven_shards: bool = False):
+        if not isinstance(sequence_dim, int) or isinstance(sequence_dim, bool):
+            raise TypeError(f"SequenceParallel(sequence_dim={sequence_dim!r}): expected an int, e.g. 1")
+        self.sequence_sharding = (Shard(sequence_dim),)
+        self.use_local_output = check_flag(use_local_output, "use_local_output", "SequenceParallel")
+        self.uneven_shards = check_flag(uneven_shards, "uneven_shards", "SequenceParallel")
 
-    def apply(self, module: nn.Module, mesh) -> nn.Module:
-        def pre_hook(mod, args, kwargs):
-            if any(s is not None for s in self.input_layouts[len(args):]):
-                raise ValueError(
-                    f"PrepareModuleInput: {type(mod).__name__} got {len(args)} positional inputs but "
-                    f"input_layouts describes {len(self.input_layouts)}; pass None for arguments to leave"
-                )
-            new = [self._convert(a, mesh, s, d) if s is not None else a
-                   for a, s, d in zip(args, self.input_layouts, self.desired)]
-            kwargs = {k: self._convert(v, mesh, self.kw[k], self.kw_desired.get(k)) if k in self.kw else v
-                      for k, v in kwargs.items()}
-            return tuple(new) + tuple(args[len(new):]), kwargs
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        seq, uneven, use_local = self.sequence_sharding[0], self.uneven_shards, self.use_local_output
 
-        module.register_forward_pre_hook(pre_hook, with_kwargs=True)
-        return module
+        def partition(name, mod, mesh):
+            for n, p in list(mod.named_parameters(recurse=False)):
+                dt = DTensor.from_local(p.detach(), mesh, [Replicate()])
+                mod.register_parameter(n, nn.Parameter(dt, requires_grad=p.requires_grad))
+
+        def input_fn(mod, args, mesh):
+            if not args or not isinstance(args[0], torch.Tensor):
+                raise ValueError(f"SequenceParallel: {type(mod).__name__} expects a tensor as its first input, "
+                                 f"got {type(args[0]).__name__ if args else 'no inputs'}")
+            return (to_dtensor(args[0], mesh, seq, seq, uneven),) + tuple(args[1:])
+
+        def output_fn(mod, output, mesh):
+            return from_dtensor(output, mesh, None, use_local)
+
+        return distribute_module(module, device_mesh, partition, input_fn, output_fn)

@@ -16,7 +16,7 @@ from .text import jt_string
 __all__ = ["JaggedTensor", "lengths_to_offsets"]
 
 
-def _as_index_tensor(name: str, value, device) -> torch.Tensor:
+def _as_index_tensor(name: str, value, device, flatten: bool = False) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         try:
             value = torch.as_tensor(value, dtype=torch.int64, device=device)
@@ -30,6 +30,8 @@ def _as_index_tensor(name: str, value, device) -> torch.Tensor:
     if bad_dtype and value.numel():
         raise TypeError(f"{name} must have an integer dtype, got {value.dtype}; cast it with .long()")
     if value.dim() != 1:
+        if flatten and value.dim() > 1:
+            return value.reshape(-1)   # TorchRec keeps [keys, batch] lengths as given; flat is the same data
         raise ValueError(f"{name} must be 1-D, got shape {tuple(value.shape)}; flatten it first")
     return value
 
@@ -70,7 +72,10 @@ def check_jagged(
                         f"{'' if not isinstance(values, torch.Tensor) else ' of shape ' + str(tuple(values.shape))}; "
                         f"pass every bag's ids in one flat tensor (e.g. torch.tensor([4, 5, 6]) or t.flatten())")
     if lengths is None and offsets is None:
-        raise ValueError(f"{what}: pass lengths or offsets (neither was given)")
+        if values.shape[0] == 0:   # TorchRec's KeyedJaggedTensor([], torch.Tensor()): no bags at all
+            lengths = torch.zeros(0, dtype=torch.int64, device=values.device)
+        else:
+            raise ValueError(f"{what}: pass lengths or offsets (neither was given)")
     # before any .item(): a tensor on another device fails there with torch's message, naming nothing
     for name, t in (("lengths", lengths), ("offsets", offsets), ("weights", weights)):
         if isinstance(t, torch.Tensor) and t.device != values.device:
@@ -78,7 +83,9 @@ def check_jagged(
                              f"with .to(values.device)")
     lengths_given = lengths is not None
     if lengths is not None:
-        lengths = _as_index_tensor(f"{what}: lengths", lengths, values.device).long()
+        lengths = _as_index_tensor(f"{what}: lengths", lengths, values.device, flatten=True).long()
+        if values.is_meta:   # shapes only (TorchRec builds KJTs on the meta device): nothing to read
+            return lengths, (offsets.long() if offsets is not None else lengths_to_offsets(lengths))
         if lengths.numel() and bool((lengths < 0).any()):
             bad = lengths[lengths < 0][0].item()
             raise ValueError(f"{what}: lengths must be >= 0, found {bad}; every bag needs a non-negative size")
@@ -92,6 +99,8 @@ def check_jagged(
         offsets = computed
     else:
         offsets = _as_index_tensor(f"{what}: offsets", offsets, values.device).long()
+        if values.is_meta:
+            return offsets[1:] - offsets[:-1], offsets
         if offsets.numel() == 0:
             offsets = torch.zeros(1, dtype=torch.int64, device=values.device)
         if offsets[0].item() != 0:

@@ -72,12 +72,11 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
                  lengths_offset_per_key=None, offset_per_key=None, index_per_key=None, jt_dict=None,
                  inverse_indices=None):
         keys = _check_keys(keys)
-        if isinstance(values, torch.Tensor) and values.numel() and (
-                values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool):
-            raise TypeError(f"KeyedJaggedTensor: values are ids and must have an integer dtype, got {values.dtype}; "
-                            "cast them with .long()")
+        # values of any dtype, as TorchRec's: a KJT is a container (float ids appear in TorchRec's own
+        # tests and pipelines); the embedding collections refuse non-integer ids at their forward
         lengths_in, offsets_in = lengths, offsets
-        lengths, offsets = check_jagged(values, lengths, offsets, weights, "KeyedJaggedTensor")
+        lengths, offsets = check_jagged(values, lengths, offsets, weights, "KeyedJaggedTensor",
+                                        values_1d=False)   # TorchRec's take [N, D] values; lookups need 1-D
         inverse_indices = check_inverse_indices(inverse_indices, values.device)
         strides = resolve_strides(keys, lengths.numel(), stride, stride_per_key, stride_per_key_per_rank,
                                   inverse_indices)

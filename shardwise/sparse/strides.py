@@ -87,7 +87,7 @@ def resolve_strides(keys: list, n_lengths: int, stride, stride_per_key, spkpr, i
         if n_lengths:
             raise ValueError(f"KeyedJaggedTensor: no keys but {n_lengths} lengths; pass the keys of the lengths")
         if stride is None:
-            raise ValueError("KeyedJaggedTensor: with no keys the batch size is unknown; pass stride=B")
+            stride = 0   # TorchRec: a KJT without keys holds no bags (batch size 0 unless told)
     _check_stride_int(stride)
     if stride_per_key is not None and list(stride_per_key) != [stride] * nk:
         raise ValueError(f"KeyedJaggedTensor: stride_per_key {list(stride_per_key)} does not match batch size "

@@ -7,19 +7,24 @@ Names mirror ``torch.distributed.tensor`` so code ports by changing the import.
 >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])                 # doctest: +SKIP
 """
 
+import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from . import ops as _ops  # noqa: F401  (registers the sharding rules)
 from .agreement import rank_checks
 from .collectives import CollectiveCounter, CollectiveTimeoutError
-from .dtensor import DTensor, distribute_tensor, fast_path, gather_fallback, propagation_cache
+from .dtensor import DTensor, fast_path, gather_fallback, propagation_cache
+from .distribute import distribute_module, distribute_tensor
 from .ops.embedding import EmbeddingIndexError, embedding_index_check
 from .placements import MaskPartial, Partial, Placement, Replicate, Shard
 from .redistribute import plan_redistribute
 from .spec import DTensorSpec
 
+# torch.load(weights_only=True) rebuilds only allow-listed classes: ours, as PyTorch lists its DTensor's
+torch.serialization.add_safe_globals([DTensor, DTensorSpec, DeviceMesh, Shard, Replicate, Partial, MaskPartial])
+
 __all__ = [
-    "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "Placement", "Shard",
+    "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "distribute_module", "Placement", "Shard",
     "Replicate", "Partial", "MaskPartial", "plan_redistribute", "CollectiveCounter", "CollectiveTimeoutError", "propagation_cache",
     "gather_fallback", "fast_path", "EmbeddingIndexError", "embedding_index_check", "rank_checks",
 ]

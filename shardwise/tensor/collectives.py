@@ -76,7 +76,9 @@ class CollectiveCounter:
             c.donated += donated
 
 
-_C10D_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+_C10D_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+             "product": dist.ReduceOp.PRODUCT, "band": dist.ReduceOp.BAND, "bor": dist.ReduceOp.BOR,
+             "bxor": dist.ReduceOp.BXOR}
 
 
 def _group(mesh: DeviceMesh, mesh_dim: int):
@@ -150,7 +152,7 @@ def reduce_scatter_dim(
     n = mesh.size(mesh_dim)
     full = x.shape[dim]
     start, length = chunk_range(full, n, coord)
-    if reduce_op in ("max", "min"):
+    if reduce_op not in ("sum", "avg"):  # gloo reduce-scatters sums only
         return all_reduce(x, reduce_op, mesh, mesh_dim).narrow(dim, start, length)
     CollectiveCounter.record("reduce_scatter")
     chunk = -(-full // n)

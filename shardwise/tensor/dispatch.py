@@ -12,6 +12,8 @@ cache hit re-checks the switch: a plan made inside a ``with gather_fallback():``
 
 from __future__ import annotations
 
+import contextvars
+import threading
 import warnings
 from typing import Optional
 
@@ -20,15 +22,24 @@ import torch
 from ._switch import Switch
 from .placements import Replicate
 from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
-from .propagation.registry import RuleEntry, lookup_rule
+from .propagation.outputs import meta_outputs, outside_kernel
+from .propagation.registry import RuleEntry, is_out_variant, lookup_rule
 from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
-from .spec import DTensorSpec, mesh_coord, normalize_placements
+from .spec import DTensorSpec, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "GATHER_FALLBACK"]
+__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK",
+           "IMPLICIT_REPLICATION", "FAST_PATH"]
 
 _SCALARS = (int, float, bool, complex)
 GATHER_FALLBACK = Switch("gather_fallback", False)
+# plain tensors of any shape mixed with DTensors count as Replicate (experimental.implicit_replication)
+IMPLICIT_REPLICATION = Switch("implicit_replication", False)
+# off: every call takes the full key and plan path (the torch-function fast path and the quick map)
+FAST_PATH = Switch("fast_path", True)
+_FAST_PATH_ON = FAST_PATH.get
+_MAKE = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
 
 
 def has_tensor(seq) -> bool:
@@ -44,36 +55,54 @@ def seq_key(seq, cls) -> tuple[tuple, list]:
 
 
 class PropagationCache:
-    """Bounded map key -> OpPlan with hit/miss counters (tests count hits)."""
+    """Bounded map key -> OpPlan with hit/miss counters (tests count hits).
+
+    ``quick`` holds the plans that run the op on the local tensors as they are (no redistribution, no
+    local rewrite), keyed more cheaply (see ``quick_key``); a hit there counts as a hit."""
 
     def __init__(self, max_size: int = 8192):
         self.max_size = max_size
         self.plans: dict = {}
+        self.quick: dict = {}
         self.hits = 0
         self.misses = 0
+        self._lock = threading.Lock()  # eviction by two threads at once would pop one key twice
 
     def clear(self) -> None:
         self.plans.clear()
+        self.quick.clear()
         self.hits = self.misses = 0
 
     def put(self, key, plan) -> None:
-        if len(self.plans) >= self.max_size:
-            self.plans.pop(next(iter(self.plans)))
-        self.plans[key] = plan
+        with self._lock:  # only on a miss: never on the hot path
+            if len(self.plans) >= self.max_size:
+                self.plans.pop(next(iter(self.plans)))
+            self.plans[key] = plan
+
+    def put_quick(self, qkey, plan) -> None:
+        if plan.redist or plan.local is not None or plan.guard is not None or plan.out_kind not in ("tensor", "inplace"):
+            return  # plans made under a switch must re-check it on every hit (the full path does)
+        with self._lock:
+            if len(self.quick) >= self.max_size:
+                self.quick.pop(next(iter(self.quick)))
+            self.quick[qkey] = (plan.out_specs[0], plan.out_kind == "inplace")
 
 
 class OpPlan:
     """Everything needed to run one keyed op call on this rank."""
 
-    __slots__ = ("redist", "out_specs", "out_kind", "local", "decision", "gathers")
+    __slots__ = ("redist", "out_specs", "out_kind", "local", "decision", "gathers", "guard")
 
-    def __init__(self, redist, out_specs, out_kind, local: Optional[LocalPlan], decision, gathers: bool = False):
+    def __init__(self, redist, out_specs, out_kind, local: Optional[LocalPlan], decision, gathers: bool = False,
+                 implicit: bool = False):
         self.redist = redist  # list of (arg index, sub index or -1, steps, src spec)
         self.out_specs = out_specs
         self.out_kind = out_kind  # "tensor" | "seq" | "inplace" | "raw"
         self.local = local
         self.decision = decision
         self.gathers = gathers  # made by the gather fallback (the op has no rule)
+        # implicit: a plain non-scalar tensor was taken as Replicate (only inside implicit_replication)
+        self.guard = _guard(gathers, implicit)
 
 
 class OpDispatcher:
@@ -83,11 +112,32 @@ class OpDispatcher:
         self.cls = cls
         self.cache = PropagationCache()
         self._warned: set = set()
-        self.recording: Optional[list] = None  # set by the fast path to learn what one call did
+        # set by the fast path to learn what one call did: per thread/task, or a thread learning a call
+        # would also record the ops another thread runs meanwhile (threaded ranks share this dispatcher)
+        self.recording = contextvars.ContextVar("shardwise.dispatch_recording", default=None)
 
     # -- hot path -------------------------------------------------------------------------------
     def __call__(self, op, args, kwargs):
         cls = self.cls
+        # Under autograd every op comes here (the torch-function fast path cannot record a backward):
+        # plans that just run the op on the local tensors are found by a cheaper key first.
+        qkey = quick_key(op, args, cls) if not kwargs and self.recording.get() is None and _FAST_PATH_ON() else None
+        if qkey is not None:
+            hit = self.cache.quick.get(qkey)
+            if hit is not None:
+                self.cache.hits += 1
+                spec, inplace = hit
+                a = args[0]
+                if len(args) == 1:
+                    out = op(a._local_tensor)
+                else:
+                    out = op(*[x._local_tensor if type(x) is cls else x for x in args])
+                if inplace:
+                    return a
+                r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                r._local_tensor = out
+                r._spec = spec
+                return r
         entry = lookup_rule(op)
         insensitive = entry is not None and entry.scalar_insensitive
         key = [op]
@@ -122,10 +172,13 @@ class OpDispatcher:
             self.cache.put(key, plan)
         else:
             self.cache.hits += 1
-            if plan.gathers and not GATHER_FALLBACK.get():
-                raise _no_rule_error(op, args, cls)
-        if self.recording is not None:
-            self.recording.append((op, entry, plan))
+            if plan.guard is not None:  # the plan was made under a switch: refuse it outside the block
+                plan.guard(op, args, cls)
+        recording = self.recording.get()
+        if recording is not None:
+            recording.append((op, entry, plan))
+        elif qkey is not None:
+            self.cache.put_quick(qkey, plan)
         return self._run(plan, op, args, local_args, kwargs or {})
 
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):
@@ -149,6 +202,8 @@ class OpDispatcher:
             return cls._wrap(out, plan.out_specs[0])
         if kind == "inplace":
             return args[0]
+        if kind == "out":  # an out= variant returns the DTensor it wrote into
+            return kwargs["out"]
         if kind == "seq":
             if out is None:
                 return None
@@ -164,10 +219,12 @@ class OpDispatcher:
         if gathers:
             entry = self._fallback_entry(op, schema, mesh, args)
         decision = choose_layout(schema, entry, tuple(mesh.shape), inplace)
-        coord = mesh_coord(mesh)
+        coord = mesh.get_coordinate()
+        outside = coord is None  # a rank outside the mesh moves nothing (PyTorch's rule); see _outside_kernel
+        coord = None if outside else tuple(coord)
         redist = []
         for ta, req in zip(schema.tensor_args, decision.inputs):
-            if req is None:
+            if req is None or outside:
                 continue
             steps = plan_redistribute(ta.placements, req, tuple(mesh.shape), len(ta.shape))
             if steps:
@@ -181,13 +238,19 @@ class OpDispatcher:
             else:
                 pl = normalize_placements(pl, mesh.ndim, meta.ndim)
                 out_specs.append(DTensorSpec(mesh, pl, meta.shape, meta.stride(), meta.dtype))
-        local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
-        return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision, gathers)
+        if outside:
+            local = LocalPlan(kernel=outside_kernel(out_specs, torch.device(mesh.device_type)))
+        else:
+            local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
+        implicit = any(ta.placements is None and ta.ndim > 0 for ta in schema.tensor_args)
+        return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision, gathers, implicit)
 
     def _out_kind(self, op, schema: OpSchema, inplace: bool) -> str:
         if inplace and schema.outputs and schema.outputs[0] is not None and len(op._schema.returns) == 1:
             return "inplace"
         rets = op._schema.returns
+        if len(rets) == 1 and "out" in schema.kwargs and is_out_variant(op):
+            return "out"
         if len(rets) == 1 and str(rets[0].type) == "Tensor":
             return "tensor"
         if not rets or not any("Tensor" in str(r.type) for r in rets):
@@ -222,15 +285,9 @@ class OpDispatcher:
                     "one DeviceMesh first"
                 )
         for ta in tensor_args:
-            if ta.placements is None and ta.ndim > 0:
-                # ValueError, not TypeError: Tensor operators turn TypeErrors into NotImplemented and
-                # the message would be lost
-                raise ValueError(
-                    f"{op}: a plain torch.Tensor of shape {tuple(ta.shape)} is mixed with DTensors; only 0-d "
-                    "tensors are implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) "
-                    "or DTensor.from_local(t, mesh, placements)"
-                )
-        outputs = _meta_outputs(op, args, kwargs, cls)
+            if ta.placements is None and ta.ndim > 0 and not IMPLICIT_REPLICATION.get():
+                raise _mixed_error(op, ta.shape)
+        outputs = meta_outputs(op, args, kwargs, cls)
         return OpSchema(op, sargs, skw, tensor_args, outputs, tuple(mesh.shape)), mesh
 
     def _fallback_entry(self, op, schema: OpSchema, mesh, args) -> RuleEntry:
@@ -264,41 +321,57 @@ class OpDispatcher:
         raise AssertionError(f"tensor leaf {index} not found (tensor kwargs are not redistributed)")
 
 
-def _meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
-    """Run the op on meta tensors with the global shapes; returns the flat list of outputs."""
+def quick_key(op, args, cls):
+    """A cheap cache key for a call whose arguments are DTensors (the first one a DTensor), scalars
+    and lists of ints, else None. Scalars enter with their type: ``x * 1`` and ``x * 1.0`` (or a bool
+    tensor times ``True``) have different output dtypes, and ``1 == 1.0 == True`` as dict keys."""
+    a = args[0] if args else None
+    if type(a) is not cls:
+        return None
+    if len(args) == 1:
+        return (op, a._spec)
+    key = [op, a._spec]
+    for x in args[1:]:
+        t = type(x)
+        if t is cls:
+            key.append(x._spec)
+        elif t is int or t is float or t is bool:
+            key.append(t)
+            key.append(x)
+        elif (t is list or t is tuple) and all(type(v) is int for v in x):
+            key.append(tuple(x))
+        elif x is None:
+            key.append(None)
+        else:
+            return None
+    return tuple(key)
 
-    if not any("Tensor" in str(r.type) for r in op._schema.returns):
-        return [None] * len(op._schema.returns)
 
-    def to_meta(x, plain=True):
-        if isinstance(x, cls):
-            s = x._spec
-            return torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device="meta")
-        if isinstance(x, torch.Tensor):
-            return x.to("meta") if plain else x
-        if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
-            return [to_meta(y, plain) for y in x]
-        return x
+def _mixed_error(op, shape) -> ValueError:
+    # ValueError, not TypeError: Tensor operators turn TypeErrors into NotImplemented and the message
+    # would be lost
+    return ValueError(
+        f"{op}: a plain torch.Tensor of shape {tuple(shape)} is mixed with DTensors; only 0-d tensors are "
+        "implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) or "
+        "DTensor.from_local(t, mesh, placements), or run the op inside "
+        "`with shardwise.tensor.experimental.implicit_replication():`"
+    )
 
-    margs = [to_meta(a) for a in args]
-    mkwargs = {k: to_meta(v) for k, v in kwargs.items()}
-    if "device" in mkwargs:
-        mkwargs["device"] = torch.device("meta")
-    try:
-        out = op(*margs, **mkwargs)
-    except (RuntimeError, NotImplementedError):
-        # some ops read a small plain tensor's values on the host (foreach `scalars`): keep plain
-        # tensors real and only make the distributed ones meta
-        margs = [to_meta(a, plain=False) for a in args]
-        mkwargs = {k: to_meta(v, plain=False) for k, v in kwargs.items()}
-        out = op(*margs, **mkwargs)
-    if op_mutates_first_arg(op) and len(op._schema.returns) <= 1:
-        out = margs[0] if not isinstance(margs[0], list) else margs[0]
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, (list, tuple)):
-        return [o if isinstance(o, torch.Tensor) else None for o in out]
-    return []
+
+def _guard(gathers: bool, implicit: bool):
+    """What a cache hit re-checks: the switches the plan was made under (None: nothing)."""
+    if not (gathers or implicit):
+        return None
+
+    def guard(op, args, cls):
+        if gathers and not GATHER_FALLBACK.get():
+            raise _no_rule_error(op, args, cls)
+        if implicit and not IMPLICIT_REPLICATION.get():
+            flat = [x for a in args for x in (a if type(a) in (list, tuple) else (a,))]
+            raise _mixed_error(op, next(x.shape for x in flat if isinstance(x, torch.Tensor)
+                                        and not isinstance(x, cls) and x.ndim > 0))
+
+    return guard
 
 
 def _no_rule_error(op, args, cls) -> NotImplementedError:

@@ -14,22 +14,22 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from .agreement import check_same_call, checks_enabled
-from .collectives import mesh_broadcast_
 from .dispatch import GATHER_FALLBACK, OpDispatcher
 from .donation import donatable
-from .fastpath import FAST_PATH, FastPath
-from .layout_checks import check_distribute_call, check_from_local, check_local_shapes
+from .fastpath import FAST_PATH, FastPath, make_entry
+from .layout_checks import check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
-from .spec import DTensorSpec, _contiguous_stride, _global_stride, chunk_range, mesh_coord, normalize_placements
+from .spec import DTensorSpec, _global_stride, coord_or_none, mesh_or_current, normalize_placements
 
-__all__ = ["DTensor", "distribute_tensor", "gather_fallback", "fast_path", "propagation_cache"]
+__all__ = ["DTensor", "gather_fallback", "fast_path", "propagation_cache"]
 
 
 _MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _STRIDED = torch.strided
 _FAST_PATH_ON = FAST_PATH.get
+_SCALARS = (int, float, bool)
 
 
 def _grad_placements(placements) -> tuple:
@@ -71,7 +71,7 @@ class _ToLocal(torch.autograd.Function):
 
 def _moved(x: "DTensor", placements, donate: bool) -> "DTensor":
     src = x._spec
-    local = redistribute_local(x._local_tensor, src, placements, mesh_coord(src.mesh), donate)
+    local = redistribute_local(x._local_tensor, src, placements, coord_or_none(src.mesh), donate)
     return DTensor._wrap(local, src.with_placements(placements))
 
 
@@ -79,6 +79,8 @@ class _Redistribute(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, placements, donate):
         ctx.src = x._spec
+        if placements == x._spec.placements:
+            return DTensor._wrap(x._local_tensor.view_as(x._local_tensor), x._spec)
         return _moved(x, placements, donate)
 
     @staticmethod
@@ -88,7 +90,7 @@ class _Redistribute(torch.autograd.Function):
         target = _grad_placements(src.placements)
         if grad._spec.placements == target:
             return grad, None, None
-        local = redistribute_local(grad._local_tensor, grad._spec, target, mesh_coord(src.mesh))
+        local = redistribute_local(grad._local_tensor, grad._spec, target, coord_or_none(src.mesh))
         return DTensor._wrap(local, grad._spec.with_placements(target)), None, None
 
 
@@ -109,19 +111,31 @@ class DTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        # the hottest case inline (a learned binary call on two DTensors, no autograd); see fastpath.py
-        if not kwargs and len(args) == 2 and _FAST_PATH_ON():
-            a, b = args
-            if type(a) is cls and type(b) is cls:
-                with _NO_TORCH_FUNCTION():
-                    if not (torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)):
-                        plan = _FASTPATH.plans.get((func, a._spec, b._spec))
-                        if plan is not None and plan[1] == "wrap":
-                            out, spec = func(a._local_tensor, b._local_tensor), plan[0]
-                            r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
-                            r._local_tensor = out
-                            r._spec = spec
-                            return r
+        # the hottest cases inline (calls whose first argument is a DTensor); see fastpath.py
+        a = args[0] if args else None
+        if type(a) is cls:
+            n = len(args)
+            b = args[1] if n == 2 else None
+            with _NO_TORCH_FUNCTION():
+                if torch.is_grad_enabled() and (a.requires_grad or (isinstance(b, torch.Tensor) and b.requires_grad)):
+                    # autograd records the backward; the op reaches __torch_dispatch__ (its quick map)
+                    return func(*args, **kwargs) if kwargs else func(*args)
+                if not kwargs and n <= 2 and _FAST_PATH_ON():
+                    if n == 1:
+                        plan = _FASTPATH.plans.get((func, a._spec))
+                    elif type(b) is cls:
+                        plan, b = _FASTPATH.plans.get((func, a._spec, b._spec)), b._local_tensor
+                    elif type(b) in _SCALARS:  # the key FastPath._key makes for (DTensor, scalar)
+                        key = type(b) if _FASTPATH.scalar_types_only.get(func) else b
+                        plan = _FASTPATH.plans.get((func, a._spec, key))
+                    else:
+                        plan = None
+                    if plan is not None and plan[1] == "wrap":
+                        out, spec = func(a._local_tensor) if n == 1 else func(a._local_tensor, b), plan[0]
+                        r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                        r._local_tensor = out
+                        r._spec = spec
+                        return r
         return _FASTPATH(func, args, kwargs)
 
     @staticmethod
@@ -142,9 +156,7 @@ class DTensor(torch.Tensor):
         r._spec = spec
         return r
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _DISPATCHER(func, args, kwargs)
+    # __torch_dispatch__ is set below the class, once the dispatcher exists: dispatch.make_entry
 
     def __repr__(self) -> str:
         pl = ", ".join(str(p) for p in self._spec.placements)
@@ -185,8 +197,8 @@ class DTensor(torch.Tensor):
     @staticmethod
     def from_local(
         local_tensor: torch.Tensor,
-        device_mesh: DeviceMesh,
-        placements: Sequence[Placement],
+        device_mesh: Optional[DeviceMesh] = None,
+        placements: Optional[Sequence[Placement]] = None,
         *,
         run_check: bool = False,
         shape: Optional[Sequence[int]] = None,
@@ -194,6 +206,8 @@ class DTensor(torch.Tensor):
     ) -> "DTensor":
         """Wrap this rank's piece. Without ``shape``, shards are assumed even (local size x mesh size);
         pass ``shape`` for uneven torch.chunk shards. ``run_check`` compares all ranks' local shapes.
+        A meta piece gives a meta DTensor (shapes only, e.g. a module built on the meta device).
+        ``device_mesh=None``: the mesh of the innermost ``with mesh:`` block; ``placements=None``: Replicate.
 
         >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape  # doctest: +SKIP
         torch.Size([4, 3])
@@ -201,8 +215,12 @@ class DTensor(torch.Tensor):
         if not isinstance(local_tensor, torch.Tensor) or isinstance(local_tensor, DTensor):
             raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}; wrap "
                             "this rank's piece as a tensor (a DTensor is already distributed: use redistribute)")
+        device_mesh = mesh_or_current(device_mesh, "from_local")
+        if placements is None:
+            placements = [Replicate()] * device_mesh.ndim
         _check_device(local_tensor, device_mesh, "from_local")
-        if run_check:
+        outside = coord_or_none(device_mesh) is None  # this rank is not in the mesh: nothing to check
+        if run_check and not outside:
             placements, gathered = check_from_local(local_tensor, device_mesh, placements)
         else:
             placements, gathered = normalize_placements(placements, device_mesh.ndim, local_tensor.ndim), None
@@ -219,6 +237,8 @@ class DTensor(torch.Tensor):
         if gathered is not None:
             check_local_shapes(gathered, device_mesh, placements, shape)
         spec = DTensorSpec(device_mesh, placements, shape, stride, local_tensor.dtype)
+        if outside:  # PyTorch's rule: a rank outside the mesh holds an empty piece
+            local_tensor = local_tensor.new_empty(0, requires_grad=local_tensor.requires_grad)
         if not (local_tensor.requires_grad and torch.is_grad_enabled()):
             # nothing to record: skip the autograd.Function (a quarter of the cost of a small lookup)
             return DTensor._wrap(local_tensor, spec)
@@ -276,14 +296,14 @@ class DTensor(torch.Tensor):
         return cast_backward(x._redistribute(device_mesh, placements, False), backward_dtype)
 
     def _redistribute(self, device_mesh, placements, donate: bool) -> "DTensor":
-        if checks_enabled():
+        if checks_enabled() and coord_or_none(self._spec.mesh) is not None:
             placements = self._agreed_target(device_mesh, placements)
         else:
             placements = self._target(device_mesh, placements)
-        if placements == self._spec.placements:
-            return self
         if not (self.requires_grad and torch.is_grad_enabled()):
-            return _moved(self, placements, donate)
+            return self if placements == self._spec.placements else _moved(self, placements, donate)
+        # recorded even when nothing moves, as PyTorch's: the backward brings a Partial gradient (from
+        # to_local(grad_placements=[Partial()]), say) back to this tensor's own layout
         return _Redistribute.apply(self, placements, donate)
 
     def full_tensor(self, *, grad_placements: Optional[Sequence[Placement]] = None) -> torch.Tensor:
@@ -314,11 +334,13 @@ class DTensor(torch.Tensor):
 
 _DISPATCHER = OpDispatcher(DTensor)
 _FASTPATH = FastPath(_DISPATCHER)
+DTensor.__torch_dispatch__ = classmethod(make_entry(_DISPATCHER))
 
 
 def fast_path(enabled: bool):
-    """Use (default) or bypass the torch-function fast path inside a ``with`` block, in this thread or
-    task only (see fastpath.py): bypassed, every call goes through the per-op dispatcher.
+    """Use (default) or bypass the torch-function fast path and the dispatcher's quick map inside a
+    ``with`` block, in this thread or task only (see fastpath.py, dispatch.py): bypassed, every call goes
+    through the per-op dispatcher's full key and plan.
 
     >>> with fast_path(False):          # doctest: +SKIP
     ...     y = (x * 2).relu()           # counted by propagation_cache()
@@ -343,51 +365,10 @@ def propagation_cache():
 
 def _check_device(local: torch.Tensor, mesh: DeviceMesh, what: str) -> None:
     # a CPU mesh runs gloo on host memory, a CUDA mesh NCCL on device memory: a piece elsewhere
-    # (or a meta tensor, which holds no data) would fail later inside a collective, far from the cause
-    if local.device.type != mesh.device_type:
+    # would fail later inside a collective, far from the cause; a meta piece (shapes only) is fine
+    if local.device.type not in (mesh.device_type, "meta"):
         raise ValueError(
             f"{what}: the local tensor is on {local.device} but the mesh is a {mesh.device_type!r} mesh; move it "
-            f"with .to({mesh.device_type!r}) first (a meta tensor must be materialized)"
+            f"with .to({mesh.device_type!r}) first"
         )
 
-
-def distribute_tensor(
-    tensor: torch.Tensor, device_mesh: DeviceMesh, placements: Sequence[Placement] = None, *, src_data_rank: Optional[int] = 0
-) -> DTensor:
-    """Lay out a full tensor over the mesh. With ``src_data_rank=k`` (default 0) all ranks first check they
-    pass the same shape, dtype and placements, then the data of the mesh's k-th rank (row-major in
-    ``mesh.mesh``) is broadcast so every rank agrees; ``None`` trusts each rank's copy (no communication).
-    Both use the mesh's own per-dimension groups: a sub-mesh of an N-D mesh creates no process group.
-
-    >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
-    """
-    if isinstance(tensor, DTensor):
-        raise TypeError("distribute_tensor got a DTensor; use .redistribute(mesh, placements) instead")
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"distribute_tensor expects a torch.Tensor, got {type(tensor).__name__}; pass torch.tensor(...)")
-    if tensor.device.type == "meta":
-        raise ValueError("distribute_tensor: the tensor is on the meta device and holds no data to lay out; "
-                         "materialize it first (e.g. module.to_empty(device=...) then initialize)")
-    if placements is None:
-        placements = [Replicate()] * device_mesh.ndim
-    if src_data_rank is None:
-        placements = normalize_placements(placements, device_mesh.ndim, tensor.ndim)
-    else:  # every rank raises the same error when ranks disagree, before the data moves
-        placements, src_coord = check_distribute_call(tensor, placements, device_mesh, src_data_rank)
-    device = torch.device(device_mesh.device_type)
-    local = tensor.detach()
-    if local.device.type != device.type:
-        local = local.to(device)
-    if src_data_rank is not None:
-        local = mesh_broadcast_(local.contiguous().clone(), device_mesh, src_coord)
-    coord = mesh_coord(device_mesh)
-    mesh_shape = tuple(device_mesh.shape)
-    for mdim, p in enumerate(placements):
-        if type(p) is Shard:
-            start, length = chunk_range(local.shape[p.dim], mesh_shape[mdim], coord[mdim])
-            local = local.narrow(p.dim, start, length)
-        elif isinstance(p, Partial) and p.reduce_op == "sum" and coord[mdim] != 0:
-            local = torch.zeros_like(local)
-    local = local.contiguous() if src_data_rank is None else local.clone().contiguous()
-    spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
-    return DTensor(local, spec, requires_grad=tensor.requires_grad)

@@ -5,20 +5,23 @@ other arguments). The first time, it runs through the normal aten dispatch while
 records what it did; if that was exactly one aten op whose plan needs no redistribution and no local
 rewrites, the call is remembered as "run the same function on the local tensors, wrap with this
 spec". Later calls skip the dispatcher's Python re-entry and the per-op plan lookup altogether.
-Calls that need autograd (grad mode on and an input requires grad) always take the full path.
+Calls that need autograd (grad mode on and an input requires grad) go to the dispatcher, where plans
+that run the op on the local tensors as they are hit a cheaper "quick" key (dispatch.py): autograd's
+own backward node is recorded as for any tensor, so gradients are the full path's.
+``make_entry`` builds ``DTensor.__torch_dispatch__``, which runs such quick-map hits inline.
 ``fast_path(False)`` (``FAST_PATH``, a per-context switch) sends every call down the full path.
 """
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from ._switch import Switch
-from .dispatch import has_tensor, seq_key
+from .dispatch import _FAST_PATH_ON, _MAKE, _STRIDED, FAST_PATH, OpDispatcher, has_tensor, seq_key
 
 _SCALARS = (int, float, bool)
 _SLOW = (None, "slow")  # this key never qualifies: go straight to the full path
-FAST_PATH = Switch("fast_path", True)
 
 
 class FastPath:
@@ -27,6 +30,7 @@ class FastPath:
         self.plans: dict = {}
         self.max_size = max_size
         self.scalar_types_only: dict = {}  # func -> bool, learnt from its aten op's rule
+        self._lock = threading.Lock()
 
     def __call__(self, func, args, kwargs):
         cls = self.dispatcher.cls
@@ -101,11 +105,12 @@ class FastPath:
 
     def _learn(self, key, func, args, kwargs):
         disp = self.dispatcher
-        disp.recording = []
+        recorded = []
+        token = disp.recording.set(recorded)
         try:
             out = func(*args, **kwargs) if kwargs else func(*args)
         finally:
-            recorded, disp.recording = disp.recording, None
+            disp.recording.reset(token)
         plan = _SLOW
         if len(recorded) == 1:
             op, entry, oplan = recorded[0]
@@ -128,14 +133,14 @@ class FastPath:
             hashable_key = self._key(func, args, kwargs, disp.cls)[0] or key
         except TypeError:
             return out
-        if len(self.plans) >= self.max_size:
-            self.plans.pop(next(iter(self.plans)))
-        self.plans[hashable_key] = plan
+        with self._lock:  # two threads evicting at once would pop one key twice
+            if len(self.plans) >= self.max_size:
+                self.plans.pop(next(iter(self.plans)))
+            self.plans[hashable_key] = plan
         return out
 
 
-_make = torch.Tensor._make_wrapper_subclass
-_STRIDED = torch.strided
+_make = _MAKE
 
 
 def _wrap(cls, local: torch.Tensor, spec):
@@ -156,3 +161,39 @@ def _any_requires_grad(args) -> bool:
                 if isinstance(x, torch.Tensor) and x.requires_grad:
                     return True
     return False
+
+
+def make_entry(dispatcher: OpDispatcher):
+    """``__torch_dispatch__`` for ``dispatcher.cls``. Every op autograd records comes here; a call on one
+    or two DTensors whose plan is in the quick map runs inline (a frame less than the dispatcher's own
+    quick lookup), everything else goes to ``dispatcher``."""
+    cache, quick, cls = dispatcher.cache, dispatcher.cache.quick, dispatcher.cls
+
+    def __torch_dispatch__(_cls, func, types, args=(), kwargs=None):
+        n = len(args)
+        if not kwargs and 0 < n <= 2 and dispatcher.recording.get() is None and _FAST_PATH_ON():
+            a = args[0]
+            if type(a) is cls:
+                if n == 1:
+                    hit = quick.get((func, a._spec))
+                else:
+                    b = args[1]
+                    if type(b) is cls:
+                        hit, b = quick.get((func, a._spec, b._spec)), b._local_tensor
+                    elif type(b) is list and b and type(b[0]) is int:  # dims or sizes: quick_key's key
+                        hit = quick.get((func, a._spec, tuple(b)))
+                    else:
+                        hit = None
+                if hit is not None:
+                    cache.hits += 1
+                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b)
+                    spec, inplace = hit
+                    if inplace:
+                        return a
+                    r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
+                    r._local_tensor = out
+                    r._spec = spec
+                    return r
+        return dispatcher(func, args, kwargs)
+
+    return __torch_dispatch__

@@ -90,11 +90,12 @@ def check_distribute_call(tensor: torch.Tensor, placements, mesh: DeviceMesh, sr
 
 def check_from_local(local: torch.Tensor, mesh: DeviceMesh, placements) -> tuple:
     """``from_local(run_check=True)``: normalized placements and every rank's ``(rank, local shape,
-    coordinate)`` sorted by rank, once all ranks agree on the number of dims, dtype and placements;
+    coordinate)`` sorted by rank, once all ranks agree on the number of dims, dtype, placements and
+    requires_grad (as PyTorch's check_tensor_meta);
     otherwise the same error on every rank (a rank whose own arguments are bad names itself)."""
     normalized, err = _normalized(placements, mesh, local.ndim)
     pl = "" if normalized is None else str(tuple(str(p) for p in normalized))
-    mine = _SEP.join((str(local.dtype), pl, str(local.ndim), err or ""))
+    mine = _SEP.join((str(local.dtype), pl, str(local.ndim), str(local.requires_grad), err or ""))
     agreed = same_everywhere(mesh, mine)
     if not agreed:
         _raise_disagreement(gather_texts(mesh, mine))
@@ -109,9 +110,9 @@ def check_from_local(local: torch.Tensor, mesh: DeviceMesh, placements) -> tuple
 def _raise_disagreement(texts: list) -> None:
     seen = [(rank, text.split(_SEP)) for rank, text in texts]
     for rank, f in seen:
-        if len(f) > 4:
-            raise _error(_SEP.join(f[3:]), f"from_local(run_check=True), rank {rank}: ")
-    for what, i in (("dtype", 0), ("placements", 1), ("number of dimensions", 2)):
+        if len(f) > 5:
+            raise _error(_SEP.join(f[4:]), f"from_local(run_check=True), rank {rank}: ")
+    for what, i in (("dtype", 0), ("placements", 1), ("number of dimensions", 2), ("requires_grad", 3)):
         if len({f[i] for _, f in seen}) > 1:
             listing = "; ".join(f"rank {rank} has {f[i]}" for rank, f in seen)
             raise ValueError(f"from_local(run_check=True): ranks disagree on the {what} ({listing}); every rank "

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["Placement", "Shard", "Replicate", "Partial", "MaskPartial", "REDUCE_OPS"]
 
-REDUCE_OPS = ("sum", "avg", "max", "min")
+# PyTorch's Partial reduce ops (c10d's); band/bor/bxor are for integer tensors
+REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
 
 class Placement:
@@ -72,10 +73,11 @@ class Replicate(Placement):
 
 @dataclass(frozen=True, slots=True)
 class Partial(Placement):
-    """Every rank holds a partial value; the global value is their reduction with ``reduce_op``.
+    """Every rank holds a partial value; the global value is their reduction with ``reduce_op``: one of
+    ``REDUCE_OPS`` as in PyTorch (``"product"`` multiplies; ``"band"``/``"bor"``/``"bxor"`` for integers).
 
-    >>> print(Partial("avg"))
-    P(avg)
+    >>> print(Partial("avg"), Partial("product"))
+    P(avg) P(product)
     """
 
     reduce_op: str = "sum"

@@ -109,10 +109,13 @@ def _context_size(shape, mesh_shape, coord, placements, mesh_dim: int, dim: int)
     return local_shape_and_offset(shape, mesh_shape, coord, pl)[0][dim]
 
 
-def _to_partial(x: torch.Tensor, op: str, index: int) -> torch.Tensor:
-    # a replicated value as a pending reduction: sum keeps it on one rank, avg/max/min on all
-    if op == "sum" and index != 0:
+def to_partial(x: torch.Tensor, op: str, index: int) -> torch.Tensor:
+    """A replicated value as rank ``index``'s part of a pending reduction, exactly: sum/bxor keep it on
+    one rank (zeros elsewhere), product on one rank (ones elsewhere), avg/max/min/band/bor on all."""
+    if index != 0 and op in ("sum", "bxor"):
         return torch.zeros_like(x)
+    if index != 0 and op == "product":
+        return torch.ones_like(x)
     return x
 
 
@@ -141,7 +144,7 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, don
             start, length = chunk_range(x.shape[d.dim], mesh_shape[i], coord[i])
             x = x.narrow(d.dim, start, length)
         else:
-            x = _to_partial(x, d.reduce_op, coord[i])
+            x = to_partial(x, d.reduce_op, coord[i])
         # an all-reduce or all-gather result is a fresh buffer; other steps may return views of x
         owned = owned or type(d) is Replicate and isinstance(s, (Partial, Shard))
         cur[i] = d
@@ -149,6 +152,8 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, don
 
 
 def redistribute_local(x: torch.Tensor, spec, dst_placements, coord, donate: bool = False) -> torch.Tensor:
+    if coord is None:  # a rank outside the mesh holds an empty piece and joins no collective
+        return x
     steps = plan_redistribute(spec.placements, tuple(dst_placements), tuple(spec.mesh.shape), spec.ndim)
     return execute_plan(x, steps, spec.mesh, spec.shape, spec.placements, coord, donate) if steps else x
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.device_mesh import DeviceMesh, _mesh_resources
 
 from .placements import Partial, Placement, Replicate, Shard
 
@@ -44,6 +44,25 @@ def mesh_coord(mesh: DeviceMesh) -> tuple[int, ...]:
     if coord is None:
         raise ValueError(f"this rank is not part of {mesh}; run the op on the mesh's ranks only")
     return tuple(coord)
+
+
+def coord_or_none(mesh: DeviceMesh):
+    """This rank's mesh coordinate, or None on a rank outside the mesh (which holds empty local tensors
+    and runs no collective, as in PyTorch)."""
+    coord = mesh.get_coordinate()
+    return None if coord is None else tuple(coord)
+
+
+def mesh_or_current(mesh, what: str) -> DeviceMesh:
+    """``mesh``, or the one of the innermost ``with mesh:`` block: DeviceMesh.__enter__ pushes onto
+    PyTorch's per-thread mesh stack, which its distribute_tensor/from_local read the same way."""
+    if mesh is not None:
+        return mesh
+    stack = _mesh_resources.mesh_stack
+    if not stack:
+        raise ValueError(f"{what}: device_mesh=None and no `with mesh:` block is active in this thread; pass "
+                         "device_mesh=mesh or call it inside `with mesh:`")
+    return stack[-1]
 
 
 def normalize_placements(placements, mesh_ndim: int, tensor_ndim: int) -> tuple[Placement, ...]:

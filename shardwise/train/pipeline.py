@@ -120,6 +120,9 @@ class TrainPipeline:
         if not isinstance(self.sharded, ShardedEmbeddingBagCollection):
             raise TypeError(f"TrainPipeline: sharded= must be a ShardedEmbeddingBagCollection, got "
                             f"{type(self.sharded).__name__}")
+        if type(self.sharded).forward is not ShardedEmbeddingBagCollection.forward:
+            raise TypeError(f"TrainPipeline: a {type(self.sharded).__name__} has its own forward, which does not "
+                            f"take a prefetched batch yet; train it with a plain loop")
         self.kjt_of = kjt_of or find_kjt
         self.device = device if device is not None else self.sharded._topo.device
         self._next: Optional[_Slot] = None

@@ -55,14 +55,14 @@ class _Full(nn.Module):
         return self.net(ids).full_tensor()
 
 
-def _mlp(rank, world, emb_out, local_out=True):
+def _mlp(rank, world, emb_out, local_out=True, uneven=False):
     mesh = worker_mesh((world,))
     torch.manual_seed(0)
     ref = Net(padding_idx=3)
     model = Net(padding_idx=3)
     model.load_state_dict(ref.state_dict())
     plan = {"emb": RowwiseParallel(output_layouts=emb_out, use_local_output=local_out),
-            "fc1": ColwiseParallel(input_layouts=emb_out, use_local_output=local_out),
+            "fc1": ColwiseParallel(input_layouts=emb_out, use_local_output=local_out, uneven_shards=uneven),
             "fc2": RowwiseParallel(use_local_output=local_out)}
     parallelize_module(model, mesh, plan)
     data = _data(5, 11, torch.Generator().manual_seed(1))
@@ -89,8 +89,9 @@ def test_dtensor_outputs_between_styles():
 
 
 def test_sequence_sharded_embedding_output():
-    # the row-wise embedding's pending sum reduce-scattered over the sequence dim (3 on 2 ranks)
-    assert sum(run_on_ranks(_mlp, 2, Shard(1))) == 11
+    # the row-wise embedding's pending sum reduce-scattered over the sequence dim (3 on 2 ranks): the
+    # local pieces fc1 gets are uneven, so it opts in to learning their global size
+    assert sum(run_on_ranks(_mlp, 2, Shard(1), True, True)) == 11
 
 
 def _colwise_embedding_and_prepare(rank, world):
@@ -179,9 +180,9 @@ class _Echo(nn.Module):
 
 def _prepare_kwargs(rank, world):
     mesh = worker_mesh((world,))
-    style = PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None),
-                               input_kwarg_layouts={"bias": Shard(0)},
-                               desired_input_kwarg_layouts={"bias": Replicate()}, use_local_output=True)
+    style = PrepareModuleInput(input_layouts=Shard(0), desired_input_layouts=Replicate(),
+                               input_kwarg_layouts={"bias": Shard(0)}, desired_input_kwarg_layouts={"bias": Replicate()},
+                               use_local_output=True, uneven_shards=True)
     echo = parallelize_module(_Echo(), mesh, style)
     full_x, full_b = torch.arange(15.0).view(5, 3), torch.arange(3.0)
     lo, n = (0, 3) if rank == 0 else (3, 2)  # uneven: 5 rows on 2 ranks

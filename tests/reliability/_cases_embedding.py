@@ -167,6 +167,15 @@ def forward_negative_id_one_rank(rank, world):
     return lambda: s(_kjt(values)).values().sum().backward(), _state(s)
 
 
+def forward_float_ids_one_rank(rank, world):
+    s = _sharded(mesh=short_timeout_mesh())
+    _train_one_step(s)
+    kjt = _kjt()
+    if rank == world - 1:
+        kjt = KeyedJaggedTensor(kjt.keys(), kjt.values().float(), lengths=kjt.lengths())
+    return lambda: s(kjt).values().sum().backward(), _state(s)
+
+
 # ---- state dicts and checkpoints ---------------------------------------------------------------
 def load_missing_key(rank, world):
     s = _sharded()
@@ -240,8 +249,9 @@ def kjt_bad_values():
          "keys must be strings"),
         (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]), weights=torch.ones(2)), ValueError,
          "weights must have one entry per value"),
-        (lambda: KeyedJaggedTensor(["a"], v.view(3, 1), lengths=torch.tensor([3])), (TypeError, ValueError),
-         "1-D"),
+        # [N, D] values are a KJT TorchRec accepts; a lookup refuses them (ids are one per value)
+        (lambda: _ebc()(KeyedJaggedTensor(["fa"], v.view(3, 1), lengths=torch.tensor([3]))), ValueError,
+         "a lookup needs one id per value (1-D values)"),
         (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]), stride=2), ValueError, "stride=2"),
         (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([0, 2, 1, 3])), ValueError, "non-decreasing"),
         (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([1, 3])), ValueError, "start with 0"),
@@ -263,7 +273,7 @@ def kjt_bad_values():
          ValueError, "offsets [0, 1] do not match lengths [3]"),
         (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([0, 2])), ValueError,
          "offsets end at 2 but there are 3 values"),
-        (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([[3]])), ValueError, "must be 1-D"),
+        (lambda: KeyedJaggedTensor(["a"], v, offsets=torch.tensor([[0, 3]])), ValueError, "must be 1-D"),
         (lambda: KeyedJaggedTensor(["a"], v, lengths=torch.tensor([3]), weights=torch.ones(3, dtype=torch.long)),
          TypeError, "weights must have a floating-point dtype, got torch.int64"),
         (lambda: KeyedJaggedTensor("ab", v, lengths=torch.tensor([1, 2])), TypeError, "list of feature names"),

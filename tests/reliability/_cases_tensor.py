@@ -82,16 +82,6 @@ def from_local_not_a_tensor(rank, world):
     return lambda: DTensor.from_local([[1.0, 2.0]], _mesh(world), [Shard(0)]), m
 
 
-def from_local_wrong_device(rank, world):
-    m = _module(world)
-    return lambda: DTensor.from_local(torch.ones(2, 3, device="meta"), _mesh(world), [Shard(0)]), m
-
-
-def dist_meta_tensor(rank, world):
-    m = _module(world)
-    return lambda: distribute_tensor(torch.ones(4, 3, device="meta"), _mesh(world), [Shard(0)]), m
-
-
 def from_local_shape_differs_one_rank(rank, world):
     m = _module(world)
     local = torch.ones(3 if rank == world - 1 else 2, 3)

@@ -15,7 +15,7 @@ from ._runner import check_rows, run_case
 
 MOD = cases.__name__
 # a row either raises at once or hangs: a short timeout keeps a hanging row cheap
-ROW_TIMEOUT = 8.0
+ROW_TIMEOUT = 20.0   # (a fresh worker importing torch on 2 loaded cores can take 10+ s)
 
 ROWS = [
     # (case, exception, message fragment)
@@ -26,8 +26,6 @@ ROWS = [
     ("dist_shard_0d", ValueError, "a 0-d tensor cannot be sharded"),
     ("from_local_of_a_dtensor", TypeError, "plain torch.Tensor"),
     ("from_local_not_a_tensor", TypeError, "plain torch.Tensor, got list"),
-    ("from_local_wrong_device", ValueError, "is on meta but the mesh is a 'cpu' mesh; move it with .to('cpu')"),
-    ("dist_meta_tensor", ValueError, "on the meta device and holds no data"),
     ("from_local_shape_differs_one_rank", ValueError, "rank 1 has (3, 3), expected (2, 3)"),
     ("from_local_ndim_differs_one_rank", ValueError, "ranks disagree on the placements"),
     ("from_local_bad_placement_one_rank", ValueError, "rank 1: S(2) on a 2-D tensor"),

@@ -72,8 +72,10 @@ def test_validation_errors(kwargs, match):
 def test_key_errors():
     with pytest.raises(ValueError, match="unique"):
         KeyedJaggedTensor(["a", "a"], torch.tensor([1]), lengths=torch.tensor([1, 0]))
-    with pytest.raises(ValueError, match="stride"):
-        KeyedJaggedTensor([], torch.zeros(0, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64))
+    # no keys: batch size 0, as TorchRec's (KeyedJaggedTensor([], torch.Tensor()) is its empty KJT)
+    empty = KeyedJaggedTensor([], torch.zeros(0, dtype=torch.int64), lengths=torch.zeros(0, dtype=torch.int64))
+    assert empty.stride() == 0 and empty.to_dict() == {}
+    assert KeyedJaggedTensor([], torch.Tensor()).stride() == 0
     with pytest.raises(KeyError, match="not in this KeyedJaggedTensor"):
         _kjt()["zzz"]
     with pytest.raises(ValueError, match="out of range"):

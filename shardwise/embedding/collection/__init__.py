@@ -1,7 +1,8 @@
-"""Table configs and the unsharded embedding-bag collection (plain PyTorch, the ground truth)."""
+"""Table configs and the unsharded collections (plain PyTorch, the ground truth)."""
 
 from .bag_collection import EmbeddingBagCollection, check_features, pool_bags
-from .config import DataType, EmbeddingBagConfig, PoolingType, check_tables
+from .config import BaseEmbeddingConfig, DataType, EmbeddingBagConfig, EmbeddingConfig, PoolingType, check_tables
+from .embedding_collection import EmbeddingCollection
 
-__all__ = ["DataType", "EmbeddingBagConfig", "PoolingType", "EmbeddingBagCollection", "check_tables", "check_features",
-           "pool_bags"]
+__all__ = ["DataType", "BaseEmbeddingConfig", "EmbeddingBagConfig", "EmbeddingConfig", "PoolingType",
+           "EmbeddingBagCollection", "EmbeddingCollection", "check_tables", "check_features", "pool_bags"]

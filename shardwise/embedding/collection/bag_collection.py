@@ -33,6 +33,13 @@ def pool_bags(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
 def check_features(kjt: KeyedJaggedTensor, known: Sequence[str], is_weighted: bool) -> None:
     if not isinstance(kjt, KeyedJaggedTensor):
         raise TypeError(f"forward expects a KeyedJaggedTensor, got {type(kjt).__name__}")
+    values = kjt.values()
+    if values.dim() != 1:
+        raise ValueError(f"ids of features {kjt.keys()} have shape {tuple(values.shape)}, but a lookup needs one "
+                         f"id per value (1-D values); flatten them and give lengths per bag")
+    if values.numel() and (values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool):
+        raise TypeError(f"ids of features {kjt.keys()} have dtype {values.dtype}, but a lookup needs integer ids; "
+                        f"cast the KeyedJaggedTensor's values with .long() before the forward")
     unknown = [k for k in kjt.keys() if k not in set(known)]
     if unknown:
         raise ValueError(f"features {unknown} are not looked up by any table (known: {list(known)}); "

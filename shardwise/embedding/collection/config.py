@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["EmbeddingBagConfig", "PoolingType", "DataType"]
+__all__ = ["BaseEmbeddingConfig", "EmbeddingBagConfig", "EmbeddingConfig", "PoolingType", "DataType"]
 
 
 class PoolingType(str, enum.Enum):
@@ -29,20 +29,13 @@ class DataType(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class EmbeddingBagConfig:
-    """One embedding table and the features that look it up; TorchRec's fields in TorchRec's order
-    (``num_embeddings, embedding_dim, name, data_type, feature_names, weight_init_max,
-    weight_init_min, ..., init_fn, ..., pooling``), so code written for TorchRec runs unchanged.
-
-    ``data_type``: weights in fp32, fp16 or bf16 (``DataType`` or its name); optimizer state stays fp32.
-    ``pooling="mean"`` divides the (weighted) sum of a bag by the number of ids in it; an empty bag
-    pools to zeros.
+class BaseEmbeddingConfig:
+    """The fields every table config shares (TorchRec's ``BaseEmbeddingConfig``, in its order); use
+    :class:`EmbeddingBagConfig` (pooled) or :class:`EmbeddingConfig` (one row per id).
 
     Example:
-        >>> EmbeddingBagConfig(num_embeddings=1000, embedding_dim=16, name="t_user", feature_names=["user_id"]).name
-        't_user'
-        >>> EmbeddingBagConfig(1000, 16, "t_user", DataType.FP16, ["user_id"]).data_type
-        <DataType.FP16: 'FP16'>
+        >>> EmbeddingConfig(1000, 16, "t_user", feature_names=["user_id"]).num_embeddings
+        1000
     """
 
     num_embeddings: int
@@ -57,7 +50,6 @@ class EmbeddingBagConfig:
     # the plan; left out of equality and repr (a function's repr differs across processes)
     init_fn: Optional[Callable] = field(default=None, compare=False, repr=False)
     need_pos: bool = False                      # accepted for TorchRec code; must be False here
-    pooling: str = "sum"
 
     def __post_init__(self):
         if not isinstance(self.name, str) or not self.name or "." in self.name:
@@ -90,6 +82,29 @@ class EmbeddingBagConfig:
         if self.num_embeddings_post_pruning is not None or self.need_pos:
             raise ValueError(f"table {self.name!r}: num_embeddings_post_pruning / need_pos are TorchRec "
                              f"inference features shardwise does not implement; leave them unset")
+
+
+@dataclass(frozen=True)
+class EmbeddingBagConfig(BaseEmbeddingConfig):
+    """One embedding table and the features that look it up; TorchRec's fields in TorchRec's order
+    (``num_embeddings, embedding_dim, name, data_type, feature_names, weight_init_max,
+    weight_init_min, ..., init_fn, ..., pooling``), so code written for TorchRec runs unchanged.
+
+    ``data_type``: weights in fp32, fp16 or bf16 (``DataType`` or its name); optimizer state stays fp32.
+    ``pooling="mean"`` divides the (weighted) sum of a bag by the number of ids in it; an empty bag
+    pools to zeros.
+
+    Example:
+        >>> EmbeddingBagConfig(num_embeddings=1000, embedding_dim=16, name="t_user", feature_names=["user_id"]).name
+        't_user'
+        >>> EmbeddingBagConfig(1000, 16, "t_user", DataType.FP16, ["user_id"]).data_type
+        <DataType.FP16: 'FP16'>
+    """
+
+    pooling: str = "sum"
+
+    def __post_init__(self):
+        super().__post_init__()
         try:
             object.__setattr__(self, "pooling", PoolingType(self.pooling).value)
         except ValueError:
@@ -97,14 +112,28 @@ class EmbeddingBagConfig:
                              f"use 'sum' or 'mean'") from None
 
 
-def check_tables(tables) -> list[EmbeddingBagConfig]:
-    """Validate a table list: configs, unique table names, each feature in exactly one table."""
+@dataclass(frozen=True)
+class EmbeddingConfig(BaseEmbeddingConfig):
+    """A table of an :class:`~shardwise.embedding.EmbeddingCollection`: one embedding row per id, no
+    pooling (TorchRec's ``EmbeddingConfig``: the base fields, in TorchRec's order).
+
+    Example:
+        >>> EmbeddingConfig(num_embeddings=1000, embedding_dim=16, name="t_item", feature_names=["item_seq"]).name
+        't_item'
+    """
+
+
+def check_tables(tables, kind=EmbeddingBagConfig) -> list:
+    """Validate a table list: configs of ``kind`` (a config class or a tuple of them), unique table
+    names, each feature in exactly one table."""
     tables = list(tables)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names_of = " or ".join(k.__name__ for k in kinds)
     if not tables:
-        raise ValueError("need at least one EmbeddingBagConfig")
+        raise ValueError(f"need at least one {names_of}")
     for t in tables:
-        if not isinstance(t, EmbeddingBagConfig):
-            raise TypeError(f"tables must be EmbeddingBagConfig, got {type(t).__name__}")
+        if not isinstance(t, kinds):
+            raise TypeError(f"tables must be {names_of}, got {type(t).__name__}")
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         raise ValueError(f"table names must be unique, got {names}")

@@ -15,8 +15,9 @@ class FusedOptimizer:
     """State of the optimizer fused into a sharded collection's backward.
 
     ``state_dict()`` = ``{"state": {"embedding_bags.<t>.weight": {"step": tensor, <name>: sharded}},
-    "param_groups": [{hyper-parameters..., "params": [keys]}]}``; the sharded entries view the live
-    state, laid out like the weights (so torch.distributed.checkpoint can save and load them).
+    "param_groups": [{hyper-parameters..., "params": [keys]}]}`` (keys ``embeddings.<t>.weight`` for an
+    EmbeddingCollection); the sharded entries view the live state, laid out like the weights (so
+    torch.distributed.checkpoint can save and load them).
 
     Example:
         >>> sd = sharded.fused_optimizer.state_dict()          # doctest: +SKIP
@@ -38,7 +39,7 @@ class FusedOptimizer:
         for name, kind in (self.rule.state_shapes.items() if self.rule else []):
             for t, boxes, local, replicated, _ in self._module._table_shards(name, per_row=(kind == "row")):
                 size = (t.num_embeddings,) if kind == "row" else (t.num_embeddings, t.embedding_dim)
-                yield f"embedding_bags.{t.name}.weight", name, boxes, local, size, replicated
+                yield f"{self._module._prefix}.{t.name}.weight", name, boxes, local, size, replicated
 
     def state_dict(self) -> dict:
         if self.rule is None:
@@ -49,7 +50,7 @@ class FusedOptimizer:
         for key, name, boxes, local, size, replicated in self._entries():
             entry = state.setdefault(key, {"step": torch.tensor(float(step))})
             entry[name] = wrap_shards(boxes, local, size, topo, replicated, dtype)
-        keys = [f"embedding_bags.{t.name}.weight" for t in self._module.tables]
+        keys = [f"{self._module._prefix}.{t.name}.weight" for t in self._module.tables]
         for key in keys:
             state.setdefault(key, {"step": torch.tensor(float(step))})
         return {"state": state, "param_groups": [{**self.hp, "params": keys}]}

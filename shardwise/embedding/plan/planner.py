@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..collection.config import EmbeddingBagConfig, check_tables
+from ..collection.config import EmbeddingBagConfig, EmbeddingConfig, check_tables
 from .values import (
     LayoutTopology, ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
 )
@@ -13,10 +13,10 @@ from .values import (
 __all__ = ["EmbeddingShardingPlanner", "PlanEstimate"]
 
 def _table_list(tables) -> list:
-    """The configs of a collection (anything with ``.tables``: an EmbeddingBagCollection, a sharded
-    one) or a list of configs, validated."""
+    """The configs of a collection (anything with ``.tables``: an EmbeddingBagCollection, an
+    EmbeddingCollection, a sharded one) or a list of configs, validated."""
     return check_tables(tables.tables if hasattr(tables, "tables") and not isinstance(tables, (list, tuple))
-                        else tables)
+                        else tables, (EmbeddingBagConfig, EmbeddingConfig))
 
 
 _ID_COST = 2.0   # an id routed to a shard costs as much as moving two values (id, length) in the exchange
@@ -124,6 +124,8 @@ class EmbeddingShardingPlanner:
             # local lookups plus the dense all-reduce of the table's gradient in backward
             return ids * box.col_size + box.row_size * box.col_size
         routed = ids * self.world * (box.row_size / t.num_embeddings)
+        if isinstance(t, EmbeddingConfig):   # unpooled (EmbeddingCollection): one row back per routed id
+            return routed * (2 * box.col_size + _ID_COST) + self.message_cost
         pooled = self.batch * self.world * len(t.feature_names) * box.col_size
         if ps.sharding_type == ShardingType.TABLE_ROW_WISE:
             # partial sums meet inside the host first (fast links), then one sum per sample crosses

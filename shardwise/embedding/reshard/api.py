@@ -24,8 +24,9 @@ from typing import Optional
 from ..plan.values import ParameterSharding, ShardingType
 from ..sharding import SHARDERS
 from ..sharding.comm import all_gather_ints
-from .executor import CHUNK_BYTES, exchange, local_index
+from .executor import CHUNK_BYTES, exchange, local_index, plan_moves
 from .pieces import Piece, itemsize, piece_numel, plan_pieces, state_kinds
+from .reuse import adopt_buffers, memory_split, release
 
 __all__ = ["ReshardStats", "reshard", "current_plan", "changes_digest"]
 
@@ -43,6 +44,8 @@ class ReshardStats:
     wall_time_s: float = 0.0
     bytes_matrix: list = field(default_factory=list)
     transient_bytes: int = 0     # most bytes of message buffers alive at once on this rank
+    bytes_reused: int = 0        # bytes of the rebuilt stores in old store memory taken over (this rank)
+    bytes_allocated: int = 0     # bytes of the rebuilt stores in new memory (this rank)
 
 
 def current_plan(module) -> dict:
@@ -227,19 +230,28 @@ def _count_bytes(stats: ReshardStats, pieces: list, kinds: list, dtype, me: int)
 
 def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: ReshardStats, chunk: int) -> tuple:
     """Rebuild the affected groups with new stores and fill them: the moved pieces and, inside the
-    rebuilt groups, the unmoved tables' boxes (local copies). Returns (all groups, rebuilt groups)."""
+    rebuilt groups, the unmoved tables' boxes (local copies, none where a store took over the old
+    buffer they sit in). Returns (all groups, rebuilt groups)."""
     topo = module._topo
-    old_index = local_index([g for g in module._groups if g.sharding_type in affected])
+    old_groups = [g for g in module._groups if g.sharding_type in affected]
+    old_index = local_index(old_groups)
     groups = _rebuild_groups(module, plan, affected)
     rebuilt = [g for g in groups if g.sharding_type in affected]
+    adopt_buffers(old_groups, rebuilt)
     new_index = local_index(rebuilt)
 
     def views(box, what, old: bool):
         store, i = (old_index if old else new_index)[box]
         return store.box_view(i, what)
-    done = exchange(pieces + _kept_pieces(rebuilt, moved, topo.rank), state_kinds(module.fused_optimizer.rule),
-                    views, topo.rank, topo.group, topo.device, chunk)
+    every = pieces + _kept_pieces(rebuilt, moved, topo.rank)
+    kinds = state_kinds(module.fused_optimizer.rule)
+    moves = plan_moves(every, kinds, views, topo.rank, chunk)
+    if moves.conflicts:   # taken-over buffers the loop's order cannot protect: new memory for them
+        release(rebuilt, moves.conflicts)
+        moves = plan_moves(every, kinds, views, topo.rank, chunk)
+    done = exchange(moves, topo.group, topo.device)
     stats.transient_bytes = done["transient_peak"]
+    stats.bytes_reused, stats.bytes_allocated = memory_split(old_groups, rebuilt)
     return groups, rebuilt
 
 
@@ -255,7 +267,8 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None,
     been sharded with the new plan from the start.
 
     Memory: the rebuilt sharding-type groups get new stores (the old ones are freed when the move
-    ends); beyond those, the move holds at most two rounds of message buffers of ``chunk_bytes`` per
+    ends; a new buffer takes over an old one of the same shape when the move's order allows, see
+    ``stats.bytes_reused``); beyond those, the move holds at most two rounds of message buffers of ``chunk_bytes`` per
     peer and direction (``stats.transient_bytes``), whatever the size of the move.
 
     Example:

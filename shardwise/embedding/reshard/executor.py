@@ -9,8 +9,15 @@ column slices, several small pieces -- is packed into a round buffer or unpacked
 
 Round k+1 is packed while round k is on the wire, and round k is unpacked while round k+1 is, so at
 most two rounds of buffers exist at once: transient memory is bounded by 2 rounds x 2 directions x
-peers x ``chunk_bytes`` whatever the size of the move. The new stores are new memory, so no write can
-clobber bytes still to be read: there is no ordering hazard to track and no helper thread.
+peers x ``chunk_bytes`` whatever the size of the move. No helper thread: the order of the calls below
+is the whole schedule.
+
+A new store may take over an old buffer of the same shape (``reuse.py``: kept boxes then stay where
+they are and received rows land in memory already faulted in). A write into such a buffer must come
+after every read of the old bytes under it; :func:`plan_moves` checks this against the fixed order of
+the loop (a send whose region is received into in the same round is packed first, so it reads before
+the round is posted; a local copy reading received-into memory runs before round 0) and reports the
+buffers where the order cannot hold (``Moves.conflicts``): the caller gives those fresh memory.
 
 Example (the cut is plain data; pieces from :func:`~shardwise.embedding.reshard.pieces.plan_pieces`):
     >>> import torch
@@ -22,6 +29,7 @@ Example (the cut is plain data; pieces from :func:`~shardwise.embedding.reshard.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -30,7 +38,8 @@ import torch.distributed as dist
 
 from .pieces import cut, piece_numel
 
-__all__ = ["CHUNK_BYTES", "Item", "Segment", "Message", "cut_messages", "exchange", "local_index"]
+__all__ = ["CHUNK_BYTES", "Item", "Segment", "Message", "Moves", "cut_messages", "plan_moves", "exchange",
+           "local_index"]
 
 CHUNK_BYTES = 16 << 20   # per message: large enough that per-message latency is noise, small enough to bound memory
 
@@ -67,6 +76,7 @@ class Segment:
 class Message:
     segments: list = field(default_factory=list)
     nbytes: int = 0
+    pack: bool = False     # send: copy into a round buffer even when direct (its memory is received into)
 
     def add(self, item: Item, r0: int, r1: int) -> None:
         offset = -(-self.nbytes // 8) * 8 if self.segments else 0   # 8-byte aligned for any dtype view
@@ -120,7 +130,7 @@ class _Round:
 
     def pack(self) -> None:
         for peer, msg in self.sends.items():
-            buf = _direct(msg, "src")
+            buf = None if msg.pack else _direct(msg, "src")
             if buf is None:
                 buf = torch.empty(msg.nbytes, dtype=torch.uint8, device=self.device)
                 self.bytes += msg.nbytes
@@ -190,22 +200,121 @@ def _rounds(pairs: dict, me: int, chunk_bytes: int) -> list:
     return rounds
 
 
-@torch.no_grad()
-def exchange(pieces: list, kinds: list, views, me: int, group, device, chunk_bytes: int = CHUNK_BYTES) -> dict:
-    """Copy every piece from the old stores into the new ones; collective over ``group``.
+@dataclass
+class Moves:
+    """One rank's part of a move, planned and not yet run: ``rounds`` [(sends {peer: Message},
+    receives {peer: Message})], ``local`` copies [(src view, dst view)] of which the first ``early``
+    run before round 0 is posted, and ``conflicts``: storages (data pointers) where a write would land
+    before a read of the old bytes under it (empty when every new store is fresh memory)."""
 
-    ``views(box, what, old)`` returns the rows of ``box`` in an old (``old=True``) or new store for the
-    weights (``what=None``) or a state tensor. Returns ``{"bytes_local": ..., "transient_peak": ...}``:
-    bytes copied without the wire and the most bytes of round buffers alive at once on this rank.
+    rounds: list
+    local: list
+    early: int
+    conflicts: set
+
+
+def _span(t: torch.Tensor) -> tuple:
+    """(storage, first byte, end byte) of the memory a view touches (whole rows of a column slice
+    included: conservative)."""
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
+    return t.untyped_storage().data_ptr(), t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
+
+def _index(writes: dict) -> dict:
+    """{storage: (starts, [(start, end, time)] sorted by start, longest span)}: a lookup that stays
+    fast with thousands of small pieces in one buffer."""
+    out = {}
+    for store, spans in writes.items():
+        spans.sort()
+        out[store] = ([a for a, _, _ in spans], spans, max(b - a for a, b, _ in spans))
+    return out
+
+
+def _first_write(span: tuple, writes: dict) -> float:
+    """When the earliest write overlapping ``span`` starts (inf if none)."""
+    store, lo, hi = span
+    if store not in writes:
+        return float("inf")
+    starts, spans, longest = writes[store]
+    # only writes starting in (lo - longest, hi) can overlap [lo, hi)
+    i, j = bisect.bisect_right(starts, lo - longest), bisect.bisect_left(starts, hi)
+    return min((w for a, b, w in spans[i:j] if lo < b), default=float("inf"))
+
+
+def _order(rounds: list, local: list) -> tuple:
+    """Check every read of old bytes against the writes that land on them, in the loop's fixed order.
+
+    Times in :func:`exchange`'s order: round j is packed at 4j-3, posted at 4j-1 and waited for at
+    4j+2; its buffers are unpacked at 4j+4; early local copies run at -2, the others at -0.5. A
+    direct send reads during [4j-1, 4j+2], a packed one at 4j-3; a direct receive writes from 4k-1,
+    an unpacked one at 4k+4. Returns (early copies, late copies, conflicting storages) and marks the
+    sends that must be packed."""
+    writes: dict = {}
+    for k, (_, recvs) in enumerate(rounds):
+        for msg in recvs.values():
+            when = 4 * k - 1 if _direct(msg, "dst") is not None else 4 * k + 4
+            for s in msg.segments:
+                store, lo, hi = _span(s.view("dst"))
+                writes.setdefault(store, []).append((lo, hi, when))
+    writes = _index(writes)
+    reads = [_span(src) for src, _ in local]
+    conflicts = set()
+    for j, (sends, _) in enumerate(rounds):
+        for msg in sends.values():
+            spans = [_span(s.view("src")) for s in msg.segments]
+            reads.extend(spans)
+            first = min((_first_write(sp, writes) for sp in spans), default=float("inf"))
+            if first <= 4 * j + 2 and not msg.pack and _direct(msg, "src") is not None:
+                msg.pack = True          # read before the round is posted instead of during it
+            if first <= 4 * j - 3:
+                conflicts.update(sp[0] for sp in spans if _first_write(sp, writes) <= 4 * j - 3)
+    by_store: dict = {}
+    for store, lo, hi in reads:
+        by_store.setdefault(store, []).append((lo, hi))
+    early, late = [], []
+    for src, dst in local:
+        store, lo, hi = _span(dst)
+        if any(a < hi and lo < b for a, b in by_store.get(store, ())):
+            conflicts.add(store)         # it would overwrite old bytes another part still reads
+        (early if _first_write(_span(src), writes) < float("inf") else late).append((src, dst))
+    return early, late, conflicts
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+
+
+def plan_moves(pieces: list, kinds: list, views, me: int, chunk_bytes: int = CHUNK_BYTES) -> Moves:
+    """This rank's messages and local copies for ``pieces`` (no communication).
+
+    ``views(box, what, old)`` returns the rows of ``box`` in an old (``old=True``) or new store for
+    the weights (``what=None``) or a state tensor. A local copy from a view onto itself (a kept box
+    in a buffer the new store took over) is dropped: its bytes are already in place.
     """
     pairs, local = _items(pieces, kinds, me, views)
-    rounds = [_Round(k, s, r, device) for k, (s, r) in enumerate(_rounds(pairs, me, chunk_bytes))]
+    local = [(src, dst) for src, dst in local if not _same(src, dst)]
+    rounds = _rounds(pairs, me, chunk_bytes)
+    early, late, conflicts = _order(rounds, local)
+    return Moves(rounds, early + late, len(early), conflicts)
+
+
+@torch.no_grad()
+def exchange(moves: Moves, group, device) -> dict:
+    """Run a planned move; collective over ``group`` (every rank runs its own plan of the same pieces).
+
+    Returns ``{"bytes_local": ..., "transient_peak": ...}``: bytes copied without the wire and the
+    most bytes of round buffers alive at once on this rank.
+    """
+    assert not moves.conflicts, f"exchange: writes would clobber unread bytes in storages {moves.conflicts}"
+    rounds = [_Round(k, s, r, device) for k, (s, r) in enumerate(moves.rounds)]
+    for src, dst in moves.local[:moves.early]:    # they read memory that round 0 may receive into
+        dst.copy_(src)
     peak = 0
     if rounds:
         rounds[0].pack()
         rounds[0].post(group)
         peak = rounds[0].bytes
-    for src, dst in local:         # while round 0 is on the wire
+    for src, dst in moves.local[moves.early:]:    # while round 0 is on the wire
         dst.copy_(src)
     for k, rnd in enumerate(rounds):
         nxt = rounds[k + 1] if k + 1 < len(rounds) else None
@@ -216,7 +325,7 @@ def exchange(pieces: list, kinds: list, views, me: int, group, device, chunk_byt
         if nxt is not None:
             nxt.post(group)
         rnd.finish()               # unpack round k while round k+1 is on the wire
-    local_bytes = sum(s.numel() * s.element_size() for s, _ in local)
+    local_bytes = sum(s.numel() * s.element_size() for s, _ in moves.local)
     return {"bytes_local": local_bytes, "transient_peak": peak}
 
 

@@ -35,10 +35,10 @@ class IdExchange:
         self.dist, self.topo = input_dist, input_dist.topo
         world, dev = self.topo.world_size, self.topo.device
         if local is None:
-            self.ids = self.lengths = self.weights = None
+            self.ids = self.lengths = self.weights = self.sent = None
             self.batch, val_in = 0, torch.zeros(world, dtype=torch.int64, device=dev)
         else:
-            self.ids, lengths, self.weights, slot_len, self.batch = local
+            self.ids, lengths, self.weights, slot_len, self.batch, self.sent = local
             self.lengths = lengths.to(torch.int64)
             val_in = torch.zeros(world, dtype=torch.int64, device=dev).index_add_(0, input_dist.slot_dest, slot_len)
         header = torch.stack([torch.full_like(val_in, self.batch), torch.full_like(val_in, int(flag)), val_in], 1)
@@ -83,7 +83,10 @@ class IdExchange:
         recv, recv_w, len_out, val_out = self._recv
         pieces = torch.split(recv, [n for pair in zip(len_out, val_out) for n in pair])
         lengths, ids = torch.cat(pieces[0::2]), torch.cat(pieces[1::2])
-        return self.dist._per_width(ids, lengths, recv_w, [b for b, _, _ in self.headers()])
+        routed = self.dist._per_width(ids, lengths, recv_w, [b for b, _, _ in self.headers()])
+        if self.sent is not None:
+            routed.sent = self.sent
+        return routed
 
     def wait(self) -> None:
         """Finish whatever is still in flight (also to drop a batch whose layout went stale)."""

@@ -32,14 +32,18 @@ class Routed:
 
     per_width: list
     bags_per_source: list   # per width: number of bags received from each source rank
+    # InputDist(keep_positions=True), for sequence outputs: (position of each sent id among this
+    # group's ids in input order, ids per slot) -- where the rows that come back belong
+    sent: Optional[tuple] = None
 
 
 class InputDist:
     """Route a local KJT's ids to the ranks holding their shards (``exchange=False``: keep them local)."""
 
     def __init__(self, routing: Routing, topo: Topology, weighted: bool, exchange: bool = True,
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, keep_positions: bool = False):
         self.routing, self.topo, self.weighted, self.exchange = routing, topo, weighted, exchange
+        self.keep_positions = keep_positions
         self.weight_dtype = dtype   # per-sample weights must match the tables' dtype in embedding_bag
         self.slot_unit, self.slot_shift, self.slots_per_dest = routing.slot_tensors(topo.device)
         self.unit_start = torch.tensor(routing.unit_start, dtype=torch.int64, device=topo.device)
@@ -74,10 +78,11 @@ class InputDist:
         return values, torch.cat(lens).to(dev), weights, counts
 
     def _units(self, values, lengths, weights, counts, batch):
-        """Sort values by (unit, sample); return (rebased values, weights, unit lengths [U, B])."""
+        """Sort values by (unit, sample); return (rebased values, weights, unit lengths [U, B], the sort
+        order or None when the input order already is (unit, sample))."""
         nf = len(self.routing.features)
         if self.routing.single_range:
-            return values, weights, lengths.view(nf, batch)
+            return values, weights, lengths.view(nf, batch), None
         bag = torch.repeat_interleave(torch.arange(nf * batch, device=values.device), lengths,
                                       output_size=values.numel())
         bucket, start = [], 0
@@ -91,14 +96,15 @@ class InputDist:
         rebased = (values - self.unit_start[unit]).index_select(0, order)
         weights = None if weights is None else weights.index_select(0, order)
         unit_lengths = torch.bincount(key, minlength=self.routing.num_units * batch)
-        return rebased, weights, unit_lengths.view(self.routing.num_units, batch)
+        return rebased, weights, unit_lengths.view(self.routing.num_units, batch), order
 
     def route(self, kjt: KeyedJaggedTensor) -> tuple:
         """This rank's side of the input dist, no collective: (ids, lengths, weights, ids per slot,
-        batch) with ids and lengths ordered by destination rank."""
+        batch, sent) with ids and lengths ordered by destination rank; ``sent`` (with
+        ``keep_positions``, else None) is (each sent id's input position, ids per slot)."""
         batch = kjt.stride()
         values, lengths, weights, counts = self._features(kjt)
-        values, weights, unit_lengths = self._units(values, lengths, weights, counts, batch)
+        values, weights, unit_lengths, order = self._units(values, lengths, weights, counts, batch)
         seg = unit_lengths.sum(1)
         slot_len = seg.index_select(0, self.slot_unit)
         slot_start = (_exclusive_cumsum(seg)).index_select(0, self.slot_unit)
@@ -109,14 +115,18 @@ class InputDist:
                                                                          output_size=total)
         send_w = None if weights is None else weights.index_select(0, idx)
         send_lengths = unit_lengths.index_select(0, self.slot_unit).flatten()
-        return send_ids, send_lengths, send_w, slot_len, batch
+        sent = (idx if order is None else order.index_select(0, idx), slot_len) if self.keep_positions else None
+        return send_ids, send_lengths, send_w, slot_len, batch, sent
 
     def __call__(self, kjt: KeyedJaggedTensor, batch_sizes: list[int]) -> Routed:
-        send_ids, send_lengths, send_w, slot_len, batch = self.route(kjt)
+        send_ids, send_lengths, send_w, slot_len, batch, sent = self.route(kjt)
         if self.exchange:
             send_ids, send_lengths, send_w = self._exchange(send_ids, send_lengths, send_w, slot_len, batch,
                                                             batch_sizes)
-        return self._per_width(send_ids, send_lengths, send_w, batch_sizes)
+        routed = self._per_width(send_ids, send_lengths, send_w, batch_sizes)
+        if self.keep_positions:
+            routed.sent = sent
+        return routed
 
     def _exchange(self, ids, lengths, weights, slot_len, batch, batch_sizes):
         topo = self.topo

@@ -15,7 +15,8 @@ __all__ = [
 R = Replicate()
 PSUM = Partial("sum")
 LINEAR_PARTIALS = (Partial("sum"), Partial("avg"))
-ALL_PARTIALS = (Partial("sum"), Partial("avg"), Partial("max"), Partial("min"))
+# the float reductions a copy, view or fill passes through (bitwise ones are gathered first)
+ALL_PARTIALS = (Partial("sum"), Partial("avg"), Partial("max"), Partial("min"), Partial("product"))
 
 
 def normalize_dim(d: int, ndim: int) -> int:

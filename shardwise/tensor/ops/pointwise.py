@@ -9,10 +9,12 @@ from __future__ import annotations
 import torch
 from torch.ops import aten
 
-from ..placements import Partial
+from ..collectives import mesh_max
+from ..placements import Partial, Shard
+from ..propagation.propagator import Decision
 from ..propagation.registry import register_rule
-from .common import ALL_PARTIALS, LINEAR_PARTIALS, R, pointwise_strategies, replicate_strategy
-from ..propagation.schema import Strategy, TensorArg
+from .common import ALL_PARTIALS, LINEAR_PARTIALS, R, broadcast_placement, pointwise_strategies, replicate_strategy
+from ..propagation.schema import LocalPlan, Strategy, TensorArg
 
 _NONLINEAR = [
     aten.abs, aten.exp, aten.log, aten.sqrt, aten.rsqrt, aten.relu, aten.gelu, aten.tanh, aten.sigmoid,
@@ -28,6 +30,7 @@ _NONLINEAR = [
     aten.clamp_, aten.lerp_, aten.addcmul_, aten.addcdiv_, aten.masked_fill_, aten.maximum, aten.fill_,
     aten.sgn, aten.floor, aten.ceil, aten.round, aten.trunc, aten.neg_, aten.abs_,
     aten.clamp_min_, aten.clamp_max_, aten.sigmoid_, aten.tanh_, aten.reciprocal_, aten.rsqrt_,
+    aten.bitwise_or_, aten.bitwise_and_,
 ]
 _COPY_LIKE = [aten.clone, aten.detach, aten.alias, aten._to_copy, aten.contiguous, aten.neg]
 # overloads, not packets, where a packet holds non-pointwise forms: where(cond) is nonzero, eq/ne.Tensor_list
@@ -53,7 +56,9 @@ def copy_like_rule(schema, mesh_size):
     if dst == torch.bool and src != torch.bool:  # x != 0 commutes with no reduction
         partials = ()
     elif src.is_floating_point and not (dst.is_floating_point or dst.is_complex):
-        partials = ALL_PARTIALS[2:]  # truncation is monotone (max/min pass) but not additive
+        partials = (Partial("max"), Partial("min"))  # truncation is monotone, neither additive nor multiplicative
+    elif src.is_complex and not dst.is_complex:
+        partials = LINEAR_PARTIALS  # the real part of a sum is the sum of real parts; not so for a product
     return pointwise_strategies(schema, [((p,), p) for p in partials])
 
 
@@ -103,3 +108,63 @@ def dropout_rule(schema, mesh_size):
     # the RNG is in sync, which is the caller's contract (like torch's DTensor without its RNG tracker)
     return [Strategy((R, R), (R,))]
 
+
+
+def _out_rule(schema, mesh_shape) -> Decision:
+    # out= writes into the given DTensor, which keeps its layout: the inputs follow it (by broadcasting;
+    # a pending sum in `out` comes from the first operand times replicated others, as mul's linear case)
+    out = schema.kwargs["out"]
+    if not isinstance(out, TensorArg) or out.placements is None:
+        raise ValueError(f"{schema.op}: out= must be a DTensor when the inputs are DTensors; create it with "
+                         "distribute_tensor(torch.empty(shape), mesh, placements)")
+    ins = [ta for ta in schema.tensor_args if ta is not out]
+    reqs = [[] for _ in ins]
+    for m, p in enumerate(out.placements):
+        if isinstance(p, Partial) and not (p.is_linear() and schema.op is aten.mul.out):
+            raise NotImplementedError(f"{schema.op}: out= holds a pending {p} on mesh dim {m}; redistribute it first")
+        for k, ta in enumerate(ins):
+            req = broadcast_placement(p, ta, out.shape) if type(p) is Shard else (R if k and isinstance(p, Partial) else p)
+            reqs[k].append(req)
+    inputs = [None if ta.placements is None or tuple(r) == ta.placements else tuple(r) for ta, r in zip(ins, reqs)]
+    return Decision(inputs + [None], [out.placements])
+
+
+def _out_local(schema, decision, out_specs, mesh, coord) -> LocalPlan:
+    def kernel(op, args, kwargs):
+        out = kwargs["out"]  # the dispatcher passes keyword tensors as they came: a DTensor's piece is inside
+        return op(*args, **{**kwargs, "out": getattr(out, "_local_tensor", out)})
+
+    return LocalPlan(kernel=kernel)
+
+
+register_rule(aten.mul.out, aten.add.out, aten.sub.out, local=_out_local, whole_mesh=True)(_out_rule)
+
+
+def equal_rule(schema, mesh_size):
+    # the same layout on both sides, then each rank compares its pieces; pending values are reduced first
+    a, b = schema.tensor_args
+    st = [Strategy((None,), (R, R))]
+    if a.shape == b.shape:
+        st += [Strategy((None,), (Shard(d), Shard(d))) for d in range(a.ndim)]
+    return st
+
+
+def _equal_local(schema, decision, out_specs, mesh, coord) -> LocalPlan:
+    a, b = schema.tensor_args
+    if a.shape != b.shape:  # global shapes are shared: every rank answers without communicating
+        return LocalPlan(kernel=lambda op, args, kwargs: False)
+    laid_out = [req or ta.placements or () for ta, req in zip((a, b), decision.inputs)]
+    sharded = any(type(p) is Shard for pl in laid_out for p in pl)
+
+    def kernel(op, args, kwargs):
+        same = op(*args, **kwargs)
+        if not sharded:  # every rank holds the whole of both: the local answer is the answer
+            return same
+        # PyTorch gathers every rank's answer; the max of "differs" over the mesh is the same thing
+        differs = torch.tensor([0 if same else 1], dtype=torch.int32, device=args[0].device)
+        return bool(mesh_max(differs, mesh).item() == 0)
+
+    return LocalPlan(kernel=kernel)
+
+
+register_rule(aten.equal.default, local=_equal_local)(equal_rule)

@@ -193,7 +193,8 @@ def cat_rule(schema, mesh_size):
     return st
 
 
-@register_rule(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default)
+@register_rule(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
+               aten.new_empty_strided.default)
 def new_factory_rule(schema, mesh_size):
     # a new tensor of a given size: replicated regardless of the source's layout
     return [Strategy((R,), (None,))]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-__all__ = ["RuleEntry", "RULES", "register_rule", "lookup_rule", "registered_ops"]
+__all__ = ["RuleEntry", "RULES", "register_rule", "lookup_rule", "registered_ops", "is_out_variant"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def register_rule(*ops, local=None, pointwise: bool = False, whole_mesh: bool = 
             if hasattr(op, "overloads"):  # an OpOverloadPacket: every functional/in-place overload
                 for name in op.overloads():
                     ov = getattr(op, name)
-                    if _takes_tensors(ov) and not _is_out_variant(ov):
+                    if _takes_tensors(ov) and not is_out_variant(ov):
                         RULES[ov] = entry
             else:
                 RULES[op] = entry
@@ -58,7 +58,7 @@ def _takes_tensors(ov) -> bool:
     return any("Tensor" in str(a.type) for a in ov._schema.arguments)
 
 
-def _is_out_variant(ov) -> bool:
+def is_out_variant(ov) -> bool:
     return any(a.kwarg_only and a.alias_info is not None and a.alias_info.is_write for a in ov._schema.arguments)
 
 

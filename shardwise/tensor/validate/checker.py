@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from .. import ops as _ops  # noqa: F401  (registers the rules)
-from ..dispatch import _meta_outputs
+from ..propagation.outputs import meta_outputs as _meta_outputs
 from ..placements import Partial, Replicate, Shard
 from ..propagation.propagator import Decision, op_mutates_first_arg
 from ..propagation.registry import lookup_rule, registered_ops

@@ -68,8 +68,15 @@ def rebuild(args, kwargs, leaves: Sequence) -> tuple[list, dict]:
 
 def partial_pieces(full: torch.Tensor, op: str, n: int, gen) -> list:
     """``n`` random pieces whose ``op`` reduction is ``full`` (max/min: each element exact on one
-    random rank, strictly smaller/larger elsewhere)."""
+    random rank, strictly smaller/larger elsewhere; product: random factors in [0.5, 1.5) and the
+    quotient)."""
     shape, dt = tuple(full.shape), full.dtype
+    if op == "product" and (dt.is_floating_point or dt.is_complex):
+        factors = (torch.rand((n - 1, *shape), generator=gen) + 0.5).to(dt)  # away from 0: no blow-up
+        return [*factors.unbind(0), full / factors.prod(0)]
+    if op == "product":  # integers and bools: the value on one random rank, ones elsewhere
+        owner = torch.randint(0, n, shape, generator=gen)
+        return [torch.where(owner == r, full, torch.ones_like(full)) for r in range(n)]
     if op in ("sum", "avg"):
         target = full * n if op == "avg" else full
         if dt.is_floating_point:
@@ -190,6 +197,8 @@ def _combine(pieces: list, p: Placement, n: int, tol, undefined: bool, where: st
     op = "sum" if isinstance(p, MaskPartial) else p.reduce_op
     if op in ("max", "min"):
         return stacked.amax(0) if op == "max" else stacked.amin(0)
+    if op == "product":
+        return stacked.prod(0).to(dt)
     total = stacked.sum(0).to(dt)
     if op == "sum":
         return total

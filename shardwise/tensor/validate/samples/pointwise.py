@@ -123,6 +123,28 @@ def _bitwise(op, m):
     return [S(m.i(5, 3), m.i(5, 3)), S(m.i(5, 3), m.i(3)), S(m.b(5, 3), m.b(3))]
 
 
+@_on(aten.bitwise_and_.Tensor, aten.bitwise_or_.Tensor)
+def _bitwise_inplace(op, m):
+    return [S(m.i(5, 3), m.i(5, 3)), S(m.i(5, 3), m.i(3)), S(m.b(5, 3), m.b(3))]
+
+
+@_on(aten.bitwise_and_.Scalar, aten.bitwise_or_.Scalar)
+def _bitwise_inplace_scalar(op, m):
+    return [S(m.i(5, 3), 6), S(m.i(2), 3)]
+
+
+@_on(aten.mul.out, aten.add.out, aten.sub.out)
+def _binary_out(op, m):
+    return [S(m.f(5, 3), m.f(5, 3), out=m.f(5, 3)), S(m.f(5, 3), m.f(3), out=m.f(5, 3)),
+            S(m.f(5, 1), m.f(1, 3), out=m.f(5, 3))]
+
+
+@_on(aten.equal.default)
+def _equal(op, m):
+    x = m.f(5, 3)
+    return [S(x, x.clone()), S(x, m.f(5, 3)), S(x, m.f(3, 5)), S(m.i(4), m.i(4))]
+
+
 @_on(aten.bitwise_and.Scalar, aten.bitwise_or.Scalar)
 def _bitwise_scalar(op, m):
     return [S(m.i(5, 3), 6), S(m.i(2), 3)]

@@ -77,8 +77,12 @@ def _cat(op, m):
             S([m.f(5, 3), m.f(5, 3)], -1), S([m.f(3), m.f(2)])]
 
 
-@_on(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default)
+@_on(aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default,
+     aten.new_empty_strided.default)
 def _new(op, m):
+    if op is aten.new_empty_strided.default:
+        out = [S(m.f(5, 3), [4, 3], [1, 4]), S(m.i(3), [2, 5], [5, 1])]
+        return [dataclasses.replace(s, undefined=True) for s in out]
     extra = (2.5,) if op is aten.new_full.default else ()
     out = [S(m.f(5, 3), [4, 3], *extra), S(m.f(2), [2, 5], *extra), S(m.i(3), [3], *extra, dtype=torch.float64)]
     return [dataclasses.replace(s, undefined=op is aten.new_empty.default) for s in out]
