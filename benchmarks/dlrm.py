@@ -191,7 +191,18 @@ class TorchRecDLRM(nn.Module):
         return loss, (loss.detach(), logits.detach())
 
 
-def _torchrec_model(blob: dict):
+def _torchrec_plan(model, world: int):
+    """All tables table-wise, round-robin over the ranks (the shardwise table_wise variant's layout)."""
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingPlan
+
+    names = [c.name for c in model.ebc.embedding_bag_configs()]
+    mod = construct_module_sharding_plan(model.ebc, {n: table_wise(rank=i % world) for i, n in enumerate(names)},
+                                         local_size=world, world_size=world, device_type="cpu")
+    return ShardingPlan({"ebc": mod})
+
+
+def _torchrec_model(blob: dict, plan_kind: str):
     import torchrec
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
@@ -205,7 +216,9 @@ def _torchrec_model(blob: dict):
     apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": blob["lr_sparse"], "eps": 1e-10})
     dense = DenseArch(len(cfgs), blob["dim"])
     dense.load_state_dict(blob["dense"])
-    model = DistributedModelParallel(TorchRecDLRM(ebc, dense, blob["keys"]), device=torch.device("cpu"))
+    model = TorchRecDLRM(ebc, dense, blob["keys"])
+    plan = _torchrec_plan(model, dist.get_world_size()) if plan_kind == "table_wise" else None
+    model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
     _load_tables(model, blob["tables"])
     opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
                                 lambda ps: torch.optim.Adam(ps, lr=blob["lr_dense"]))
@@ -237,8 +250,8 @@ def run_torchrec(rank, world, args, blob_path, tmp):
     blob = torch.load(blob_path, weights_only=False)
     batches = [Batch(d, KeyedJaggedTensor(keys=blob["keys"], values=v, lengths=n), y)
                for d, v, n, y in blob["batches"][rank]]
-    plain_model, plain_opt = _torchrec_model(blob)
-    piped_model, piped_opt = _torchrec_model(blob)
+    plain_model, plain_opt = _torchrec_model(blob, args.torchrec_plan)
+    piped_model, piped_opt = _torchrec_model(blob, args.torchrec_plan)
     pipeline = TrainPipelineSparseDist(piped_model, piped_opt, torch.device("cpu"))
     plain_it, piped_it = itertools.cycle(batches), itertools.cycle(batches)
 
@@ -259,7 +272,7 @@ def run_torchrec(rank, world, args, blob_path, tmp):
     for mod_plan in plain_model.plan.plan.values():
         for ps in mod_plan.values():
             plan[ps.sharding_type] = plan.get(ps.sharding_type, 0) + 1
-    return {"ms": ms, "losses": losses, "plans": {"torchrec_planner": plan}}
+    return {"ms": ms, "losses": losses, "plans": {"torchrec": plan}}
 
 
 # ---- shardwise train itself -----------------------------------------------------------------------
@@ -330,7 +343,7 @@ def torchrec_round(args, blob: str):
 
 def _flags(args) -> list[str]:
     return ["--world", str(args.world), "--blocks", str(args.blocks), "--inner", str(args.inner),
-            "--warmup", str(args.warmup), "--check-steps", str(args.check_steps)]
+            "--warmup", str(args.warmup), "--check-steps", str(args.check_steps), "--torchrec-plan", args.torchrec_plan]
 
 
 def _ratio(a: list, b: list) -> float:
@@ -349,6 +362,8 @@ def main(argv=None) -> None:
     p.add_argument("--check-steps", type=int, default=3, help="first steps whose losses are compared")
     p.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
     p.add_argument("--torchrec-python", default=None)
+    p.add_argument("--torchrec-plan", choices=("planner", "table_wise"), default="planner",
+                   help="TorchRec's own planner, or all tables table-wise round-robin")
     p.add_argument("--no-job", action="store_true", help="skip running `shardwise train` itself")
     p.add_argument("--job-steps", type=int, default=None, help="`shardwise train --steps` (default: its own)")
     p.add_argument("--impl", default="all", choices=["all", "torchrec"])
@@ -381,7 +396,8 @@ def one_round(args, blob: str, tmp: str, info: dict, shape: dict, i: int) -> dic
     theirs = torchrec_round(args, blob)
     for v, ms in (theirs or {"ms": {}})["ms"].items():
         emit({"bench": "dlrm", "round": i, "impl": "torchrec", "variant": v, "ms_per_step": round(ms, 2),
-              "plan": theirs["plans"]["torchrec_planner"],
+              "plan": theirs["plans"]["torchrec"],
+              "plan_source": args.torchrec_plan,
               "loss_first_steps": [round(x, 6) for x in theirs["losses"][v]], **shape})
     job = None if args.no_job else run_job(args, tmp)
     if job is not None:
