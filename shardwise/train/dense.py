@@ -59,7 +59,7 @@ class DDPRunner(_Runner):
         dev = None if mesh.device_type == "cpu" else [torch.device(mesh.device_type, torch.cuda.current_device())]
         # The arch's only buffer (pair_index) is a constant every rank builds alike, so DDP's default
         # broadcast of buffers before every forward would be one collective per step for nothing.
-        self.ddp = DDP(arch, process_group=self._group, device_ids=dev, broadcast_buffers=False)
+        self.ddp = DDP(arch, process_group=self._group, device_ids=dev, forward_sync_buffers=False)
 
     def step(self, dense, pooled, labels):
         leaf = pooled.detach().requires_grad_(True)
