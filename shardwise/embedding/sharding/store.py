@@ -114,37 +114,6 @@ class ShardStore:
             self.rule.update(self.buffers[w], state, r, g, self.hp)
         del state["step"]
 
-    @torch.no_grad()
-    def apply_bag_gradient(self, w: int, ids, offsets, psw, grad: torch.Tensor) -> None:
-        """Sparse optimizer step on buffer ``w`` from the gradient of a pooled lookup's output.
-
-        On CPU, without replicas or a compiled kernel, the per-row gradient sums are made and used one
-        cache-sized chunk of rows at a time, so the [touched rows, dim] gradient never exists whole
-        (writing and re-reading it, freshly allocated each step, cost as much as the update). The
-        arithmetic is the same as ``apply_gradient(summed_row_gradients(...))``, element for element.
-        """
-        if self.rule is None:
-            return
-        if self.sync_group is not None or self.kernel is not None or ids.device.type != "cpu":
-            self.apply_gradient(w, *summed_row_gradients(ids, offsets, psw, grad))
-            return
-        rows, seg, bags, weights = group_by_row(ids, offsets, psw)
-        grad = grad.contiguous()
-        n = max(1, _CHUNK_ELEMENTS // max(1, grad.shape[1]))
-        cuts = list(range(0, rows.numel(), n)) + [rows.numel()]
-        at = seg[cuts].tolist()     # one read of the chunk boundaries, not one per chunk
-        self.steps[w] += 1
-        state = self.states[w]
-        state["step"] = self.steps[w]
-        for a, b, lo, hi in zip(cuts[:-1], cuts[1:], at[:-1], at[1:]):
-            g = F.embedding_bag(bags[lo:hi], grad, seg[a:b + 1] - lo, mode="sum", include_last_offset=True,
-                                per_sample_weights=None if weights is None else weights[lo:hi])
-            g = g.to(STATE_DTYPE)
-            if self.grad_scale != 1.0:
-                g.mul_(self.grad_scale)
-            self.rule.update(self.buffers[w], state, rows[a:b], g, self.hp)
-        del state["step"]
-
     def _summed_over_ranks(self, w: int, rows: torch.Tensor, grad_rows: torch.Tensor):
         # Replicas must apply the same update: all-reduce a dense [rows, dim + 1] buffer whose last
         # column counts touches, so "touched anywhere" is decided from shared data.
@@ -156,27 +125,20 @@ class ShardStore:
         return touched, dense.index_select(0, touched)[:, :-1].contiguous()
 
 
-def group_by_row(ids, offsets, psw):
-    """(unique ids, segment offsets into the next two, the bag of each occurrence grouped by id, their
-    per-sample weights alike): the occurrences of row ``rows[k]`` are ``seg[k]:seg[k + 1]``."""
+def summed_row_gradients(ids, offsets, psw, grad):
+    """(unique ids, per-id sum over occurrences of weight x grad of its bag), without materialising
+    one gradient row per occurrence: an embedding_bag over ``grad`` whose bags are the ids' bags,
+    grouped by id."""
     lengths = offsets[1:] - offsets[:-1]
-    bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=ids.device), lengths,
+    bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
                                   output_size=ids.numel())
     sorted_ids, order = torch.sort(ids)
     rows, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     seg = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(counts, 0, out=seg[1:])
     weights = None if psw is None else psw.index_select(0, order)
-    return rows, seg, bag.index_select(0, order), weights
-
-
-def summed_row_gradients(ids, offsets, psw, grad):
-    """(unique ids, per-id sum over occurrences of weight x grad of its bag), without materialising
-    one gradient row per occurrence: an embedding_bag over ``grad`` whose bags are the ids' bags,
-    grouped by id."""
-    rows, seg, bags, weights = group_by_row(ids, offsets, psw)
-    summed = F.embedding_bag(bags, grad.contiguous(), seg, mode="sum", per_sample_weights=weights,
-                             include_last_offset=True)
+    summed = F.embedding_bag(bag.index_select(0, order), grad.contiguous(), seg, mode="sum",
+                             per_sample_weights=weights, include_last_offset=True)
     return rows, summed
 
 
@@ -196,5 +158,6 @@ class FusedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ids, offsets, psw = ctx.saved_tensors
-        ctx.store.apply_bag_gradient(ctx.w, ids, offsets, psw, grad)
+        rows, grad_rows = summed_row_gradients(ids, offsets, psw, grad)
+        ctx.store.apply_gradient(ctx.w, rows, grad_rows)
         return None, None, None, None, None, None
