@@ -36,7 +36,8 @@ class TrainConfig:
     resume: bool = False
     data: Optional[str] = None
     seed: int = 0
-    dense_parallel: str = "compile"
+    # DDP until compile-mode replicate is at least as fast in this job (docs/train.md, "Dense modes")
+    dense_parallel: str = "ddp"
     rows: int = 100000
     dim: int = 16
     lr_dense: float = 0.003
