@@ -10,6 +10,7 @@ Example:
 from .collection import DataType, EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
 from .optim import FusedOptimizer, RowWiseAdagrad
 from .plan import (
+    Calibration,
     EmbeddingShardingPlanner,
     ParameterSharding,
     PlanEstimate,
@@ -20,6 +21,8 @@ from .plan import (
     rank_ranges,
     row_wise,
     table_row_wise,
+    calibrate,
+    load_table_configs,
     table_wise,
 )
 from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
@@ -33,4 +36,5 @@ __all__ = [
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
     "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats", "DistributedModelParallel",
+    "Calibration", "calibrate", "load_table_configs",
 ]
