@@ -52,7 +52,7 @@ class Calibration:
     all_reduce_s_per_byte: float
     all_reduce_s_per_message: float
     cross_host_factor: float = 48.0
-    source: str = "nominal"
+    source: str = "nominal figures, not measured"
     world_size: int = 0
     device: str = ""
 

@@ -271,8 +271,8 @@ class EmbeddingShardingPlanner:
         for r in range(self.world):
             lines.append(f"{r:<8}{est.memory[r] / 2**20:>12.2f}{self.memory[r] / 2**20:>12.2f}"
                          f"{est.cost[r] * 1e3:>14.3f}")
-        lines.append(f"estimated step time {max(est.cost) * 1e3:.3f} ms (an estimate of the embedding part from "
-                     f"the {self.calibration.source} calibration, not a measurement)")
+        lines.append(f"estimated embedding time per step: {max(est.cost) * 1e3:.3f} ms (an estimate, not a "
+                     f"measurement; calibration: {self.calibration.source})")
         return "\n".join(lines)
 
     def plan_record(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> dict:

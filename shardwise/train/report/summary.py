@@ -54,8 +54,8 @@ def print_plan(planner, plan: dict, tables, title: str) -> None:
     console.print(table)
     console.print("per rank (weights + optimizer state; the planner's estimated ms per step): " + "  ".join(
         f"rank {i}: {m / 2**20:.1f} MiB, est. {c * 1e3:.3f} ms" for i, (m, c) in enumerate(zip(est.memory, est.cost))))
-    console.print(f"estimated embedding time per step: {max(est.cost) * 1e3:.3f} ms (an estimate from the "
-                  f"{planner.calibration.source} calibration, not a measurement)")
+    console.print(f"estimated embedding time per step: {max(est.cost) * 1e3:.3f} ms (an estimate, not a "
+                  f"measurement; calibration: {planner.calibration.source})")
 
 
 def plan_markdown(planner, plan: dict, tables, title: str) -> str:
