@@ -141,12 +141,12 @@ def measure_local(device: torch.device, group=None) -> dict:
     """This rank's timings (collective: every rank of ``group`` must call it). Clamped at zero: a
     difference of two noisy timings can come out slightly negative."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    n1, n2, d1, d2 = 1024, 16384, 16, 128
-    t_small, t_big, t_wide = (_lookup_time(n1, d1, device, sync), _lookup_time(n2, d1, device, sync),
-                              _lookup_time(n2, d2, device, sync))
+    n0, n1, n2, d1, d2 = 16, 1024, 16384, 16, 128
+    t_tiny, t_small, t_big, t_wide = (_lookup_time(n0, d1, device, sync), _lookup_time(n1, d1, device, sync),
+                                      _lookup_time(n2, d1, device, sync), _lookup_time(n2, d2, device, sync))
     per_byte = max(0.0, (t_wide - t_big) / (n2 * (d2 - d1) * 4))
     per_id = max(0.0, (t_big - t_small) / (n2 - n1) - per_byte * d1 * 4)
-    per_call = max(0.0, t_small - n1 * (per_id + per_byte * d1 * 4))
+    per_call = t_tiny        # measured directly: an intercept fitted from noisy timings can come out <= 0
     cal = {"lookup_s_per_call": per_call, "lookup_s_per_id": per_id, "lookup_s_per_byte": per_byte}
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if world == 1:   # no peer to time against: nominal figures (they price nothing at world 1 anyway)

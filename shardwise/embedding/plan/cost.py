@@ -5,7 +5,7 @@ their ids, lengths and pooled blocks in the all-to-alls, forward and backward; a
 table's gradient all-reduce) plus fixed costs that a plan pays once per *sharding type group* and
 not per table: each non-data-parallel type present runs its own all-to-alls (lengths, ids, pooled
 blocks forward and backward; table-row-wise sends its pooled blocks in two levels, inside the host
-and then between hosts), whose messages every rank waits for; each local buffer (type x column width) is one lookup call; each data-parallel
+and then between hosts), whose messages every rank waits for, and its own routing and assembly; each local buffer (type x column width) is one lookup call; each data-parallel
 width is one all-reduce. The fixed costs are what make one more sharding type cost something, so a
 tiny table goes data-parallel only where that beats adding its ids to a group that runs anyway.
 
@@ -23,6 +23,9 @@ __all__ = ["CostModel", "FixedCosts"]
 
 _ID_BYTES = 8             # ids and lengths travel as int64
 _GRAD_BYTES = 4           # a data-parallel table's gradient buffer is fp32 (the optimizer state dtype)
+# A group's input routing (cut ids into units, sort, count) and output assembly (split, add, cat) are
+# each a handful of small kernels, forward and backward, like one small lookup call: counted as 4 calls.
+_STAGE_CALLS = 4
 _A2A_INPUT = 2            # all-to-alls per step of a group's input: lengths, ids (then pooled forward, backward)
 
 
@@ -64,15 +67,17 @@ class CostModel:
     def group_seconds(self, sharding_type: ShardingType) -> float:
         """Fixed seconds on every rank once a sharding type group exists (its collectives' messages)."""
         w, msg = self.topo.world_size, self.cal.all_to_all_s_per_message
+        # a group's own routing and assembly on every rank, priced as small lookup calls
+        stages = _STAGE_CALLS * self.cal.lookup_s_per_call
         if sharding_type == ShardingType.DATA_PARALLEL:
-            return 0.0                 # its all-reduces are per width: width_seconds
+            return stages              # its all-reduces are per width: width_seconds
         if sharding_type == ShardingType.TABLE_ROW_WISE:
             # lengths and ids over all ranks; the pooled blocks forward and backward in two levels:
             # inside the host, then among the ranks of the same local index
             per_host = len(self.topo.hosts[0])
             hosts = w // per_host
-            return (_A2A_INPUT * (w - 1) + 2 * (per_host - 1 + hosts - 1)) * msg
-        return (_A2A_INPUT + 2) * (w - 1) * msg
+            return stages + (_A2A_INPUT * (w - 1) + 2 * (per_host - 1 + hosts - 1)) * msg
+        return stages + (_A2A_INPUT + 2) * (w - 1) * msg
 
     def width_seconds(self, sharding_type: ShardingType) -> float:
         """Fixed seconds on every rank per data-parallel column width (one all-reduce each)."""
