@@ -91,7 +91,7 @@ def test_two_process_run_writes_a_sane_report(run_a, capsys):
         ("start", 2, 0, 24)]
     # the planner's figures were measured (rank 0's, broadcast) and its estimate is recorded as one
     cal, est = m["calibration"], m["plan_estimate"]
-    assert cal["world_size"] == 2 and "rank 0" in cal["source"] and cal["lookup_s_per_id"] > 0
+    assert cal["world_size"] == 2 and "rank 0" in cal["source"] and cal["lookup_s_per_call"] > 0
     assert est["estimated_step_ms"] == max(est["estimated_step_ms_per_rank"]) > 0
     assert "not a measurement" in est["estimate_note"] and est["measured_step_ms"] > 0
     # `shardwise plan --rows 4000` plans the very tables this `train --rows 4000` trained

@@ -92,7 +92,7 @@ class Calibration:
         return Calibration(**raw)
 
 
-def _best_time(fn: Callable[[], None], sync: Callable[[], None], repeats: int = 5, inner: int = 3) -> float:
+def _best_time(fn: Callable[[], None], sync: Callable[[], None], repeats: int = 4, inner: int = 2) -> float:
     """The fastest of ``repeats`` timings of ``inner`` calls, per call: the least disturbed by other load."""
     fn()
     sync()
@@ -126,7 +126,7 @@ def _lookup_time(n: int, dim: int, device, sync) -> float:
 def _collective_times(device, group, sync) -> tuple:
     """(all-to-all small, large, all-reduce small, large) seconds and the large sizes' per-peer elements."""
     world = dist.get_world_size(group)
-    small, large = 1, 1 << 16          # float32 elements per peer (all-to-all) or in the buffer (all-reduce)
+    small, large = 1, 1 << 14          # float32 elements per peer (all-to-all) or in the buffer (all-reduce)
     out = []
     for n in (small, large):
         send, recv = torch.ones(n * world, device=device), torch.empty(n * world, device=device)
@@ -141,11 +141,11 @@ def measure_local(device: torch.device, group=None) -> dict:
     """This rank's timings (collective: every rank of ``group`` must call it). Clamped at zero: a
     difference of two noisy timings can come out slightly negative."""
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    n0, n1, n2, d1, d2 = 16, 1024, 16384, 16, 128
-    t_tiny, t_small, t_big, t_wide = (_lookup_time(n0, d1, device, sync), _lookup_time(n1, d1, device, sync),
-                                      _lookup_time(n2, d1, device, sync), _lookup_time(n2, d2, device, sync))
-    per_byte = max(0.0, (t_wide - t_big) / (n2 * (d2 - d1) * 4))
-    per_id = max(0.0, (t_big - t_small) / (n2 - n1) - per_byte * d1 * 4)
+    n0, n1, d1, d2 = 16, 4096, 16, 128
+    t_tiny, t_big, t_wide = (_lookup_time(n0, d1, device, sync), _lookup_time(n1, d1, device, sync),
+                             _lookup_time(n1, d2, device, sync))
+    per_byte = max(0.0, (t_wide - t_big) / (n1 * (d2 - d1) * 4))
+    per_id = max(0.0, (t_big - t_tiny) / (n1 - n0) - per_byte * d1 * 4)
     per_call = t_tiny        # measured directly: an intercept fitted from noisy timings can come out <= 0
     cal = {"lookup_s_per_call": per_call, "lookup_s_per_id": per_id, "lookup_s_per_byte": per_byte}
     world = dist.get_world_size(group) if dist.is_initialized() else 1
