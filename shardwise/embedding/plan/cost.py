@@ -5,8 +5,9 @@ their ids, lengths and pooled blocks in the all-to-alls, forward and backward; a
 table's gradient all-reduce) plus fixed costs that a plan pays once per *sharding type group* and
 not per table: each non-data-parallel type present runs its own all-to-alls (lengths, ids, pooled
 blocks forward and backward; table-row-wise sends its pooled blocks in two levels, inside the host
-and then between hosts), whose messages every rank waits for, and its own routing and assembly; each local buffer (type x column width) is one lookup call; each data-parallel
-width is one all-reduce. The fixed costs are what make one more sharding type cost something, so a
+and then between hosts), whose messages every rank waits for, and its own routing and assembly;
+each local buffer (type x column width) is one lookup call; each data-parallel width is one
+all-reduce. The fixed costs are what make one more sharding type cost something, so a
 tiny table goes data-parallel only where that beats adding its ids to a group that runs anyway.
 
 Example:
