@@ -2,8 +2,9 @@
 
 Two load figures appear and are named apart everywhere: the *estimated time* is the planner's model
 (ms per step from the calibration measured at start-up, ids assumed uniform over rows), the
-*measured load* is what the sharded module counted during the run. The report tells one run's story by segments (start, resumes, restarts; see ``story.py``):
-nothing from two world sizes or two layouts is drawn side by side.
+*measured load* is what the sharded module counted during the run. The report tells one run's
+story by segments (start, resumes, restarts; see ``story.py``): nothing from two world sizes or two
+layouts is drawn side by side.
 
 Example:
     >>> print_plan(planner, plan, tables, "sharding plan")     # doctest: +SKIP
