@@ -95,6 +95,75 @@ def run_shardwise(rank, args, plan_name):
     return time_steps(step, batches, args)
 
 
+# ---- floors of the table-wise step (shardwise interpreter) -----------------------------------------
+def _tw_local_batches(rank, args):
+    """What a table-wise rank looks up per step: every rank's bags of its own tables, ids offset into
+    one stacked buffer (as its store holds them); and the per-destination message sizes."""
+    mine = [i for i in range(args.tables) if i % args.world == rank]
+    per_rank = [make_batches(r, args) for r in range(args.world)]
+    local = []
+    for step in range(len(per_rank[0])):
+        ids, lens = [], []
+        for k, i in enumerate(mine):
+            for r in range(args.world):
+                _, values, lengths = per_rank[r][step]
+                ends = torch.cumsum(lengths, 0)
+                lo = int(ends[i * args.batch - 1]) if i else 0
+                hi = int(ends[(i + 1) * args.batch - 1])
+                ids.append(values[lo:hi] + k * args.rows)
+                lens.append(lengths[i * args.batch:(i + 1) * args.batch])
+        lengths = torch.cat(lens)
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        local.append((torch.cat(ids), offsets))
+    return mine, per_rank, local
+
+
+def run_floors(rank, args, plan_name):
+    """Table-wise floors in the same run: the local lookup + fused update alone (no collectives) and
+    the step's four all-to-alls alone (lengths, ids, pooled output, its gradient) at its byte counts."""
+    import functools
+
+    from shardwise.embedding.optim.rules import resolve_optimizer
+    from shardwise.embedding.plan.values import ShardBox
+    from shardwise.embedding.sharding.store import FusedLookup, ShardStore
+
+    mine, per_rank, local = _tw_local_batches(rank, args)
+    rule, hp = resolve_optimizer(functools.partial(torch.optim.Adagrad, lr=LR))
+    boxes = [ShardBox(f"t{i}", rank, 0, args.rows, 0, args.dim) for i in mine]
+    store = ShardStore(boxes, rank, lambda b, out: out.normal_(), "cpu", rule=rule, hp=hp, dtype=torch.float32,
+                       compiled=not args.no_compile, grad_scale=1.0 / args.world)
+    anchor = torch.zeros((), requires_grad=True)
+    if plan_name == "kernel":
+        def step(b):
+            FusedLookup.apply(anchor, store, 0, b[0], b[1], None).sum().backward()
+        return time_steps(step, local, args)
+    owner = [i % args.world for i in range(args.tables)]
+    sizes = []   # (send, recv) element counts per peer for lengths, ids, pooled output
+    for step in range(len(local)):
+        def count(src, dst, what):
+            _, values, lengths = per_rank[src][step]
+            feats = [i for i in range(args.tables) if owner[i] == dst]
+            if what == "lengths":
+                return len(feats) * args.batch
+            if what == "ids":
+                return int(sum(lengths[i * args.batch:(i + 1) * args.batch].sum() for i in feats))
+            return len(feats) * args.batch * args.dim
+        sizes.append({w: ([count(rank, d, w) for d in range(args.world)], [count(s, rank, w) for s in range(args.world)])
+                      for w in ("lengths", "ids", "pooled")})
+
+    def a2a(send, recv, dtype):
+        out = torch.empty(sum(recv), dtype=dtype)
+        dist.all_to_all_single(out, torch.zeros(sum(send), dtype=dtype), recv, send)
+
+    def step(sz):
+        a2a(*sz["lengths"], torch.int64)
+        a2a(*sz["ids"], torch.int64)
+        a2a(*reversed(sz["pooled"]), torch.float32)   # owners send each source its pooled rows
+        a2a(*sz["pooled"], torch.float32)             # and get their gradient back
+    return time_steps(step, sizes, args)
+
+
 # ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------
 def run_torchrec(rank, args, plan_name):
     import torchrec
@@ -126,7 +195,7 @@ def _worker(rank, args, impl, plan_name, init_file, queue):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=args.world)
     try:
-        fn = run_torchrec if impl == "torchrec" else run_shardwise
+        fn = {"torchrec": run_torchrec, "floor": run_floors}.get(impl, run_shardwise)
         times = fn(rank, args, plan_name)
         queue.put((rank, statistics.median(times)))
     finally:
@@ -190,6 +259,8 @@ def main(argv=None) -> None:
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every implementation")
     p.add_argument("--no-compile", action="store_true", help="eager optimizer update (no torch.compile)")
     p.add_argument("--impl", default="all", choices=["all", "torchrec", "shardwise"])
+    p.add_argument("--no-floors", action="store_true",
+                   help="skip the table-wise floors (local lookup + update alone, the all-to-alls alone)")
     args = p.parse_args(argv)
     shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids)
     if args.impl == "torchrec":
@@ -230,6 +301,11 @@ def report(args, shape, ours: dict, peer: dict) -> None:
     unsharded = measure(args, "shardwise", "unsharded")
     _emit({"bench": "ebc", "impl": "unsharded_dense_adagrad", "plan": "none", "ms_median": round(unsharded, 2),
            **shape})
+    if "table_wise" in args.plans and not args.no_floors:
+        for part in ("kernel", "collectives"):
+            _emit({"bench": "ebc", "impl": f"floor_table_wise_{part}", "plan": "table_wise",
+                   "ms_median": round(measure(args, "floor", part), 2), "compiled_update": not args.no_compile,
+                   **shape})
     for plan in args.plans:
         mine = statistics.median(ours[plan])
         rec = {"bench": "ebc", "plan": plan, "shardwise_ms": round(mine, 2), "unsharded_ms": round(unsharded, 2),

@@ -6,6 +6,7 @@ Example::
     shardwise train --data day_0.tsv --steps 2000 --nproc-per-node 4
     shardwise data prepare day_0.tsv.gz --out prepared --categorify
     shardwise plan --tables 8 --rows 1000000 --dim 64 --world 4
+    shardwise plan --config tables.json --world 64 --ranks-per-host 8 --json
     shardwise bench
     shardwise validate --op mm
 """
@@ -22,6 +23,10 @@ from typing import Optional
 __all__ = ["main", "build_parser"]
 
 
+class _TRAIN_DEFAULTS:   # `shardwise plan` plans by default what `shardwise train` would (no torch import here)
+    rows, dim, batch_size = 100_000, 16, 256
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardwise", description="Shard PyTorch training across processes and machines.")
     sub = p.add_subparsers(dest="command", metavar="{train,plan,data,bench,validate}")
@@ -29,13 +34,29 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     from .data.cli import add_data_commands   # `shardwise data prepare`; its handler rides on the namespace
     add_data_commands(sub)
-    pl = sub.add_parser("plan", help="print a sharding plan for N equal tables, without training",
-                        description="Plan N tables of R rows x D columns over W ranks and print the table.")
-    pl.add_argument("--tables", type=int, default=8, help="number of tables (default %(default)s)")
-    pl.add_argument("--rows", type=int, default=100_000, help="rows per table (default %(default)s)")
-    pl.add_argument("--dim", type=int, default=64, help="embedding dimension (default %(default)s)")
+    pl = sub.add_parser("plan", help="print a sharding plan without training",
+                        description="Plan tables over W ranks and print the plan with its estimate. The tables: "
+                                    "--config FILE (JSON, or YAML with PyYAML), or --tables N equal tables of "
+                                    "--rows x --dim, or else the 26 tables `shardwise train` plans (the largest "
+                                    "has --rows rows, as in train).")
+    pl.add_argument("--config", default=None, metavar="FILE",
+                    help="table configs: a JSON list of {name, rows, dim, features, ids_per_bag} (YAML with PyYAML)")
+    pl.add_argument("--tables", type=int, default=None, help="plan N equal tables of --rows x --dim")
+    pl.add_argument("--rows", type=int, default=None,
+                    help=f"rows of the largest table, as in `shardwise train`; with --tables N every table has them "
+                         f"(default {_TRAIN_DEFAULTS.rows})")
+    pl.add_argument("--dim", type=int, default=None, help=f"embedding dimension (default {_TRAIN_DEFAULTS.dim})")
+    pl.add_argument("--ids-per-bag", type=float, default=1.0,
+                    help="ids per bag of each feature where the config does not say (default %(default)s)")
+    pl.add_argument("--calibration", default=None, metavar="FILE",
+                    help="cost figures to plan with: a `shardwise train` metrics.json or a Calibration JSON "
+                         "(default: nominal figures of no particular machine)")
+    pl.add_argument("--sharding-types", default=None, metavar="T1,T2",
+                    help="types the planner may choose among (default: all; for the train job's tables the "
+                         "job's own: table_wise,row_wise,data_parallel)")
     pl.add_argument("--world", type=int, default=2, help="number of ranks (default %(default)s)")
-    pl.add_argument("--batch-size", type=int, default=512, help="examples per rank per step (default %(default)s)")
+    pl.add_argument("--batch-size", type=int, default=_TRAIN_DEFAULTS.batch_size,
+                    help="examples per rank per step (default %(default)s, as in train)")
     pl.add_argument("--memory-per-rank", dest="memory", type=_bytes, default=1 << 30, metavar="SIZE",
                     help="memory per rank for embeddings (weights + optimizer state), e.g. 6GiB; the plan is for "
                          "a cluster that need not be this machine, so the default is explicit: 1GiB")
@@ -114,27 +135,68 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _plan_tables(ns) -> tuple:
+    """(tables, ids per bag, sharding types, title) from --config, --tables or the train job's defaults."""
+    from .embedding import EmbeddingBagConfig, ShardingType, load_table_configs
+
+    given = [f"--{n}" for n in ("tables", "rows", "dim") if getattr(ns, n) is not None]
+    if ns.config and given:
+        raise ValueError(f"--config gives the tables, so {', '.join(given)} would be ignored; pass one or the other")
+    types = None
+    if ns.sharding_types is not None:
+        names = [x.strip() for x in ns.sharding_types.split(",") if x.strip()]
+        known = [t.value for t in ShardingType]
+        if not names or any(n not in known for n in names):
+            raise ValueError(f"--sharding-types={ns.sharding_types!r} must list some of {known}, e.g. table_wise")
+        types = [ShardingType(n) for n in names]
+    if ns.config:
+        tables, ids = load_table_configs(ns.config, ns.ids_per_bag)
+        return tables, ids, types, f"plan: {len(tables)} tables from {ns.config} on {ns.world} ranks"
+    rows = _TRAIN_DEFAULTS.rows if ns.rows is None else ns.rows
+    dim = _TRAIN_DEFAULTS.dim if ns.dim is None else ns.dim
+    if ns.tables is not None:
+        tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=rows, embedding_dim=dim, feature_names=[f"f{i}"])
+                  for i in range(ns.tables)]
+        return tables, ns.ids_per_bag, types, f"plan: {ns.tables} tables x {rows} rows x {dim} on {ns.world} ranks"
+    from .train.config import JOB_SHARDING_TYPES
+    from .train.data import default_cardinalities
+    from .train.model import make_tables
+
+    if rows < 8:
+        raise ValueError(f"--rows={rows} must be >= 8: the train job's smallest table has 8 rows "
+                         f"(or pass --tables N for N equal tables)")
+    tables = make_tables(default_cardinalities(rows), dim)
+    types = types or [ShardingType(t) for t in JOB_SHARDING_TYPES]
+    return tables, ns.ids_per_bag, types, (f"plan: the train job's 26 tables (largest {rows} rows) x {dim} "
+                                           f"on {ns.world} ranks")
+
+
 def _cmd_plan(ns) -> int:
-    from .embedding import EmbeddingBagConfig, EmbeddingShardingPlanner
+    from .embedding import Calibration, EmbeddingShardingPlanner
     from .train.report import print_plan
 
     for name in ("tables", "rows", "dim", "world", "batch_size"):
-        if getattr(ns, name) < 1:
+        if getattr(ns, name) is not None and getattr(ns, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}={getattr(ns, name)} must be >= 1")
-
-    tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=ns.rows, embedding_dim=ns.dim, feature_names=[f"f{i}"]) for i in range(ns.tables)]
     if ns.memory_mb is not None:
         if not ns.memory_mb > 0:   # also catches nan
             raise ValueError(f"--memory-mb={ns.memory_mb} must be > 0 (MiB of embedding memory per rank)")
         ns.memory = int(ns.memory_mb * 2**20)
+    cal = None
+    if ns.calibration:
+        try:
+            cal = Calibration.from_json(Path(ns.calibration).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"--calibration {ns.calibration!r}: {e}") from None
+    tables, ids, types, title = _plan_tables(ns)
     planner = EmbeddingShardingPlanner(ns.world, ns.memory, batch_size_per_rank=ns.batch_size,
-                                       ids_per_bag=1.0, ranks_per_host=ns.ranks_per_host,
-                                       memory_flag="--memory-per-rank")
+                                       ids_per_bag=ids, ranks_per_host=ns.ranks_per_host, sharding_types=types,
+                                       calibration=cal, memory_flag="--memory-per-rank")
     plan = planner.plan(tables)
     if ns.json:
         print(json.dumps(planner.plan_record(plan, tables)))
         return 0
-    print_plan(planner, plan, tables, f"plan: {ns.tables} tables x {ns.rows} rows x {ns.dim} on {ns.world} ranks")
+    print_plan(planner, plan, tables, title)
     return 0
 
 

@@ -13,6 +13,7 @@ from .collection import (
 )
 from .optim import FusedOptimizer, RowWiseAdagrad
 from .plan import (
+    Calibration,
     EmbeddingShardingPlanner,
     ParameterSharding,
     PlanEstimate,
@@ -23,6 +24,8 @@ from .plan import (
     rank_ranges,
     row_wise,
     table_row_wise,
+    calibrate,
+    load_table_configs,
     table_wise,
 )
 from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
@@ -38,4 +41,5 @@ __all__ = [
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
     "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats", "DistributedModelParallel",
+    "Calibration", "calibrate", "load_table_configs",
 ]

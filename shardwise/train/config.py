@@ -7,9 +7,14 @@ import json
 from dataclasses import dataclass
 from typing import Optional
 
-__all__ = ["TrainConfig"]
+__all__ = ["TrainConfig", "JOB_SHARDING_TYPES"]
 
 _DENSE_MODES = ("compile", "ddp")
+# The job's planner picks among these by default. Row-wise splits of power-law tables put the hot
+# rows on one rank, the imbalance a measured-load reshard exists to fix; column-wise would hide it
+# (every rank serves every id), so it is left out unless asked for.
+JOB_SHARDING_TYPES = ("table_wise", "row_wise", "data_parallel")
+_ALL_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
 
 
 @dataclass
@@ -36,7 +41,8 @@ class TrainConfig:
     resume: bool = False
     data: Optional[str] = None
     seed: int = 0
-    dense_parallel: str = "compile"
+    # DDP until compile-mode replicate is at least as fast in this job (docs/train.md, "Dense modes")
+    dense_parallel: str = "ddp"
     rows: int = 100000
     dim: int = 16
     lr_dense: float = 0.003
@@ -54,6 +60,7 @@ class TrainConfig:
     quiet: bool = False
     # seconds a collective may wait for a missing rank before every waiting rank fails loudly
     collective_timeout: float = 600.0
+    sharding_types: Optional[list] = None   # the planner's choices; None: JOB_SHARDING_TYPES
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "rows", "dim", "eval_examples", "log_every"):
@@ -89,6 +96,12 @@ class TrainConfig:
         # would otherwise fail inside every worker, after the launch
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed={self.seed!r} must be an int in [0, 2**63); pick e.g. --seed 0")
+        if self.sharding_types is not None:
+            bad = [t for t in self.sharding_types if t not in _ALL_TYPES]
+            if bad or not self.sharding_types:
+                raise ValueError(f"sharding_types={self.sharding_types!r}: {bad or 'empty'} not among {list(_ALL_TYPES)}; "
+                                 f"e.g. --sharding-types table_wise to force an all-table-wise plan")
+            self.sharding_types = list(self.sharding_types)
         if self.rows < 8:
             raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
 

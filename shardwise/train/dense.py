@@ -28,9 +28,9 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Runner:
-    def __init__(self, arch: DenseArch, lr: float):
+    def __init__(self, arch: DenseArch, lr: float, **adam):
         self.arch = arch
-        self.optimizer = torch.optim.Adam(arch.parameters(), lr=lr)
+        self.optimizer = torch.optim.Adam(arch.parameters(), lr=lr, **adam)
 
     def state(self) -> dict:
         """Plain tensors: ``{"params": {name: t}, "opt": {name: {state name: t}}}``."""
@@ -52,12 +52,16 @@ class DDPRunner(_Runner):
     """Eager DDP over its own process group (so its bucketed all-reduces stay off the embedding group)."""
 
     def __init__(self, arch: DenseArch, lr: float, mesh):
-        super().__init__(arch, lr)
+        # fused Adam: one kernel per parameter instead of a dozen ops each (a third of the default
+        # implementation's time for this arch on CPU, same values within float rounding)
+        super().__init__(arch, lr, fused=True)
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self._group = dist.new_group(backend=dist.get_backend())
         dev = None if mesh.device_type == "cpu" else [torch.device(mesh.device_type, torch.cuda.current_device())]
-        self.ddp = DDP(arch, process_group=self._group, device_ids=dev)
+        # The arch's only buffer (pair_index) is a constant every rank builds alike, so DDP's default
+        # broadcast of buffers before every forward would be one collective per step for nothing.
+        self.ddp = DDP(arch, process_group=self._group, device_ids=dev, forward_sync_buffers=False)
 
     def step(self, dense, pooled, labels):
         leaf = pooled.detach().requires_grad_(True)

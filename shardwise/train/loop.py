@@ -18,9 +18,9 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, shard
+from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
-from .config import TrainConfig
+from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, table_sizes
 from .data import PerRank, Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
@@ -34,10 +34,7 @@ from .report import add_reshard, add_window, close_segment, max_over_mean, new_s
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 
-_EVAL_START = 1 << 40
-# Row-wise splits of power-law tables put the hot rows on one rank, the imbalance a measured-load
-# reshard exists to fix; column-wise would hide it (every rank serves every id), so it is left out.
-_SHARDING_TYPES = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.DATA_PARALLEL)   # synthetic eval examples come from far beyond any training cursor
+_EVAL_START = 1 << 40   # synthetic eval examples come from far beyond any training cursor
 
 
 def plan_to_json(plan: dict) -> dict:
@@ -69,6 +66,8 @@ class Trainer:
         self.data, self.eval_data, self.eval_source = self._open_logs()
         self.tables = make_tables(self.cards, cfg.dim)
         self.table_of = {f: t.name for t in self.tables for f in t.feature_names}
+        # the planner's cost figures: measured on every rank, rank 0's kept, so every rank plans alike
+        self.calibration = calibrate(self.device)
         self.planner = self.planner_for(self.world)
         self.step, self.cursor = 0, 0
         self.history: dict = {"step": [], "loss": [], "auc_step": [], "auc": [], "examples_per_s": []}
@@ -87,9 +86,10 @@ class Trainer:
     # ---- setup ------------------------------------------------------------------------------------
     def planner_for(self, world: int) -> EmbeddingShardingPlanner:
         """The job's planner for ``world`` ranks (the report estimates earlier segments' plans with it)."""
+        types = [ShardingType(t) for t in self.cfg.sharding_types or JOB_SHARDING_TYPES]
         return EmbeddingShardingPlanner(world, self.memory_bytes, memory_flag="--memory-per-rank",
                                         batch_size_per_rank=self.cfg.batch_size, ids_per_bag=1.0,
-                                        sharding_types=_SHARDING_TYPES)
+                                        sharding_types=types, calibration=self.calibration)
 
     def _open_logs(self) -> tuple:
         """(training log, held-out log, what the eval scores): the synthetic log's eval examples lie far

@@ -40,6 +40,10 @@ def _int_list(text: str) -> list:
         raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of ints, e.g. 1460,583,10131227")
 
 
+def _name_list(text: str) -> list:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """The job's flags (shared by ``shardwise train`` and ``python -m shardwise.train.worker``)."""
     d = TrainConfig()
@@ -83,6 +87,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="cuda (NCCL, one GPU per local process: cuda:LOCAL_RANK) or cpu (gloo); default: cuda when "
                         "this machine has at least as many GPUs as local processes, else cpu")
     p.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
+    p.add_argument("--sharding-types", type=_name_list, default=None, metavar="T1,T2",
+                   help="sharding types the planner may choose among, e.g. table_wise to force an all-table-wise "
+                        "plan (default: table_wise,row_wise,data_parallel)")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
 
@@ -94,7 +101,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel, rows=ns.rows, dim=ns.dim,
                        memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads,
                        num_embeddings_per_feature=ns.num_embeddings_per_feature, max_rows=ns.max_rows,
-                       eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout)
+                       eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout,
+                       sharding_types=ns.sharding_types)
 
 
 def check_output_paths(cfg: TrainConfig) -> None:

@@ -61,7 +61,10 @@ def test_malformed_file_names_line_and_field(tmp_path, capsys):
 
 
 def _train(out, *extra):
-    args = ["train", "--nproc-per-node", "2", "--out", str(out), "--quiet", "--rows", "4000", *extra]
+    # the family the demo's reshard story needs (row blocks hold the hot rows) and one whose choice does
+    # not hang on the start-up timings of a loaded machine as much as the planner's full choice
+    args = ["train", "--nproc-per-node", "2", "--out", str(out), "--quiet", "--rows", "4000",
+            "--sharding-types", "row_wise,data_parallel", *extra]
     assert main(args) == 0
     return json.loads((out / "metrics.json").read_text())
 
@@ -72,7 +75,7 @@ def run_a(tmp_path_factory):
     return out, _train(out, "--steps", "24", "--batch-size", "128", "--checkpoint-every", "12", "--reshard-at", "12")
 
 
-def test_two_process_run_writes_a_sane_report(run_a):
+def test_two_process_run_writes_a_sane_report(run_a, capsys):
     out, m = run_a
     for name in ("metrics.json", "loss.png", "load.png", "plan.md"):
         assert (out / name).stat().st_size > 100, name
@@ -86,6 +89,14 @@ def test_two_process_run_writes_a_sane_report(run_a):
         "table_wise", "row_wise", "data_parallel"}
     assert [(s["kind"], s["world_size"], s["first_step"], s["last_step"]) for s in m["segments"]] == [
         ("start", 2, 0, 24)]
+    # the planner's figures were measured (rank 0's, broadcast) and its estimate is recorded as one
+    cal, est = m["calibration"], m["plan_estimate"]
+    assert cal["world_size"] == 2 and "rank 0" in cal["source"] and cal["lookup_s_per_call"] > 0
+    assert est["estimated_step_ms"] == max(est["estimated_step_ms_per_rank"]) > 0
+    assert "not a measurement" in est["estimate_note"] and est["measured_step_ms"] > 0
+    # `shardwise plan --rows 4000` plans the very tables this `train --rows 4000` trained
+    assert main(["plan", "--rows", "4000", "--batch-size", "128", "--json"]) == 0
+    assert [t["rows"] for t in json.loads(capsys.readouterr().out)["tables"]] == m["table_sizes"]
     assert m["resumes"] == 0 and m["restarts"] == 0 == m["elastic_restarts"]
     # both ranks run on this host: they share its cores
     assert m["segments"][0]["threads_per_process"] == max(1, host_cores() // 2)

@@ -67,3 +67,18 @@ def test_dense_modes_match_one_process(kind):
             torch.testing.assert_close(got, want[rank], atol=1e-6, rtol=1e-5)
         for n, want in params.items():
             torch.testing.assert_close(r_params[n], want, atol=1e-6, rtol=1e-5)
+
+
+def test_default_dense_mode_is_ddp():
+    """The job's default dense mode is the faster one measured in this job (benchmarks/dlrm.py):
+    eager DDP, until compile-mode replicate is at least as fast (docs/train.md, "Dense modes")."""
+    import argparse
+
+    from shardwise.train.config import TrainConfig
+    from shardwise.train.worker import add_train_arguments, config_from_args
+
+    assert TrainConfig().dense_parallel == "ddp"
+    parser = argparse.ArgumentParser()
+    add_train_arguments(parser)
+    assert config_from_args(parser.parse_args([])).dense_parallel == "ddp"
+    assert config_from_args(parser.parse_args(["--dense-parallel", "compile"])).dense_parallel == "compile"

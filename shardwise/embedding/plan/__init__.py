@@ -5,6 +5,9 @@ from .values import (
     table_wise,
 )
 from .planner import EmbeddingShardingPlanner, PlanEstimate, rank_ranges  # noqa: E402  (after the values it uses)
+from .calibration import Calibration, calibrate  # noqa: E402
+from .tables_file import load_table_configs  # noqa: E402
 
 __all__ = ["ParameterSharding", "ShardBox", "ShardingType", "chunk_sizes", "column_wise", "data_parallel",
-           "row_wise", "table_row_wise", "table_wise", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges"]
+           "row_wise", "table_row_wise", "table_wise", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges",
+           "Calibration", "calibrate", "load_table_configs"]

@@ -1,9 +1,10 @@
 """The report folder (``metrics.json``, ``loss.png``, ``load.png``, ``plan.md``) and the plan table.
 
-Two load figures appear and are named apart everywhere: the *estimated load* is the planner's model
-(ids assumed uniform over rows), the *measured load* is what the sharded module counted during the
-run. The report tells one run's story by segments (start, resumes, restarts; see ``story.py``):
-nothing from two world sizes or two layouts is drawn side by side.
+Two load figures appear and are named apart everywhere: the *estimated time* is the planner's model
+(ms per step from the calibration measured at start-up, ids assumed uniform over rows), the
+*measured load* is what the sharded module counted during the run. The report tells one run's
+story by segments (start, resumes, restarts; see ``story.py``): nothing from two world sizes or two
+layouts is drawn side by side.
 
 Example:
     >>> print_plan(planner, plan, tables, "sharding plan")     # doctest: +SKIP
@@ -25,11 +26,12 @@ from .story import run_counts
 
 __all__ = ["plan_rows", "print_plan", "plan_markdown", "build_metrics", "write_report"]
 
-_EST = "estimated load (planner, ids*dim/step)"
+_EST = "estimated ms/step (planner)"
 
 
 def plan_rows(planner, plan: dict, tables) -> list[dict]:
-    """One row per table: sharding type, ranks, bytes (weights + optimizer state), estimated load."""
+    """One row per table: sharding type, ranks, bytes (weights + optimizer state), the planner's
+    estimate of its shards' milliseconds per step (summed over ranks; the groups' fixed costs apart)."""
     est = planner.estimate(plan, tables)
     rows = []
     for t in tables:
@@ -38,7 +40,7 @@ def plan_rows(planner, plan: dict, tables) -> list[dict]:
                      "sharding": plan[t.name].sharding_type.value,
                      "ranks": sorted({b.rank for b, _, _ in shards}),
                      "bytes": int(sum(b for _, b, _ in shards)),
-                     "est_load": float(sum(c for _, _, c in shards))})
+                     "est_ms": float(sum(c for _, _, c in shards)) * 1e3})
     return rows
 
 
@@ -50,10 +52,12 @@ def print_plan(planner, plan: dict, tables, title: str) -> None:
         table.add_column(col, justify=just)
     for r in plan_rows(planner, plan, tables):
         table.add_row(r["table"], f"{r['rows']}x{r['dim']}", r["sharding"], rank_ranges(r["ranks"]),
-                      f"{r['bytes']:,}", f"{r['est_load']:,.0f}")
+                      f"{r['bytes']:,}", f"{r['est_ms']:.4g}")
     console.print(table)
-    console.print("per rank (weights + optimizer state; planner's estimated load): " + "  ".join(
-        f"rank {i}: {m / 2**20:.1f} MiB, est. {c:,.0f}" for i, (m, c) in enumerate(zip(est.memory, est.cost))))
+    console.print("per rank (weights + optimizer state; the planner's estimated ms per step): " + "  ".join(
+        f"rank {i}: {m / 2**20:.1f} MiB, est. {c * 1e3:.3f} ms" for i, (m, c) in enumerate(zip(est.memory, est.cost))))
+    console.print(f"estimated embedding time per step: {max(est.cost) * 1e3:.3f} ms (an estimate, not a "
+                  f"measurement; calibration: {planner.calibration.source})")
 
 
 def plan_markdown(planner, plan: dict, tables, title: str) -> str:
@@ -61,13 +65,13 @@ def plan_markdown(planner, plan: dict, tables, title: str) -> str:
              "|---|---:|---|---|---:|---:|"]
     for r in plan_rows(planner, plan, tables):
         lines.append(f"| {r['table']} | {r['rows']}x{r['dim']} | {r['sharding']} | {rank_ranges(r['ranks'])} | "
-                     f"{r['bytes']:,} | {r['est_load']:,.0f} |")
+                     f"{r['bytes']:,} | {r['est_ms']:.4g} |")
     return "\n".join(lines) + "\n\n" + _per_rank_markdown(planner.estimate(plan, tables))
 
 
 def _per_rank_markdown(est) -> str:
-    lines = ["| rank | memory (weights + optimizer state) | estimated load |", "|---:|---:|---:|"]
-    lines += [f"| {i} | {m / 2**20:.2f} MiB | {c:,.0f} |" for i, (m, c) in enumerate(zip(est.memory, est.cost))]
+    lines = ["| rank | memory (weights + optimizer state) | estimated ms/step |", "|---:|---:|---:|"]
+    lines += [f"| {i} | {m / 2**20:.2f} MiB | {c * 1e3:.3f} |" for i, (m, c) in enumerate(zip(est.memory, est.cost))]
     return "\n".join(lines) + "\n"
 
 
@@ -107,9 +111,19 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
         "reshard": _reshard_summary(story, tr.reshard_state, cfg),
         "segments": story["segments"], "load_windows": story["windows"], "reshards": story["reshards"],
         "plan_end": plan_rows(tr.planner, tr.plan, tr.tables),
+        "calibration": tr.planner.calibration.to_json(),
+        "plan_estimate": _plan_estimate(tr, h["examples_per_s"][-1] if h["examples_per_s"] else None),
         "config": json.loads(cfg.to_json()),
     }
     return _nan_to_none(out)
+
+
+def _plan_estimate(tr, examples_per_s) -> dict:
+    """The planner's estimate for the plan in force at the end, beside the measured whole step."""
+    rec = tr.planner.estimate_record(tr.planner.estimate(tr.plan, tr.tables))
+    rec["measured_step_ms"] = (tr.world * tr.cfg.batch_size / examples_per_s * 1e3) if examples_per_s else None
+    rec["measured_note"] = "the whole measured step (dense part, data and every collective included)"
+    return rec
 
 
 def _nan_to_none(x):

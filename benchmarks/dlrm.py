@@ -1,0 +1,415 @@
+"""DLRM training step: shardwise vs TorchRec (plain loop and TrainPipelineSparseDist), same model,
+initial weights and batches; plus ``shardwise train`` itself.
+
+The model is ``shardwise train``'s default (26 tables of 8..100k rows x 16, bottom MLP 13->64->16,
+pairwise dots of 27 vectors, top MLP 367->64->32->1), fused Adagrad lr 0.05 on the tables, dense
+Adam lr 0.003, batch 256 per rank, world 2. This interpreter pre-generates the batches from the
+job's synthetic log (the same examples each rank reads in the job) and the initial weights (the
+job's seeds) into one file that both libraries load.
+
+- shardwise: the job's own ``Trainer`` (its planner, its dense runner, its ``train_step``) fed the
+  pre-generated batches, in variants: the planner's plan or all table-wise, dense ``compile``
+  (``replicate``) or ``ddp``. ``job_default`` marks the variant the job runs by default.
+- TorchRec: ``DistributedModelParallel`` with its own planner, the dense part under its DDP, the
+  tables' Adagrad fused in backward; a plain loop and ``TrainPipelineSparseDist``.
+- ``shardwise train`` with its defaults (data generated on the fly, progress logging, checkpoints,
+  the live reshard): its steady-state examples/s (``metrics.json``'s steady-state field where the
+  job writes one, else its whole-run rate, which also pays for checkpoints and the reshard).
+
+One round = one launch of each; variants inside a launch run in rotating blocks of steps; every
+block time is the slowest rank's. Ratios are medians over rounds of per-round ratios (paired), so
+load from other processes hits both sides alike. ``loss_first_steps`` (global mean loss of the first
+steps from the initial weights) must agree between the libraries: the same model, weights and data.
+
+    .venv/bin/python benchmarks/dlrm.py --torchrec-python /work/torchrec-venv/bin/python
+    .venv/bin/python benchmarks/dlrm.py --rounds 1 --no-job          # library step only
+
+TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON, run with
+PYTHONHASHSEED=0); without one it is skipped, saying so. This file imports nothing from shardwise
+at module level: the TorchRec interpreter runs it too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import emit, spawn  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = ("planner+compile", "planner+ddp", "table_wise+ddp")
+
+
+# ---- shared data --------------------------------------------------------------------------------
+def prepare(path: str, world: int, batch: int, count: int) -> dict:
+    """Write the batches each rank reads in the job's first ``count`` steps and the initial weights."""
+    from shardwise.embedding import EmbeddingBagCollection
+    from shardwise.train.budget import table_sizes
+    from shardwise.train.config import TrainConfig
+    from shardwise.train.data import default_cardinalities, open_data, to_model_inputs
+    from shardwise.train.model import DenseArch, make_tables
+
+    cfg = TrainConfig()
+    cards = table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows)
+    data = open_data(None, cfg.seed, cards)
+    per_rank = []
+    for r in range(world):
+        steps = []
+        for i in range(count):
+            dense, kjt, labels = to_model_inputs(data.batch(i * world * batch + r * batch, batch), cards, "cpu")
+            steps.append((dense, kjt.values(), kjt.lengths(), labels))
+        per_rank.append(steps)
+    ebc = EmbeddingBagCollection(make_tables(cards, cfg.dim), device="cpu", init_seed=cfg.seed)
+    tables = {name.split(".")[-2]: t.detach().clone() for name, t in ebc.state_dict().items()}
+    with torch.random.fork_rng(devices=[]):     # the job's dense initialisation (train/loop.py)
+        torch.manual_seed(cfg.seed + 1)
+        arch = DenseArch(len(cards), cfg.dim)
+    blob = {"batches": per_rank, "tables": tables, "dense": arch.state_dict(), "cards": cards, "dim": cfg.dim,
+            "keys": list(kjt.keys()), "lr_sparse": cfg.lr_sparse, "lr_dense": cfg.lr_dense}
+    torch.save(blob, path)
+    return {"cards": cards, "dim": cfg.dim, "default_dense": cfg.dense_parallel}
+
+
+def _timed(fns: dict, blocks: int, inner: int, warmup: int) -> dict:
+    """ms per step of each fn: ``blocks`` rounds of ``inner`` steps, rotating order, slowest rank."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    names, out = list(fns), {k: [] for k in fns}
+    for b in range(blocks):
+        for k in names[b % len(names):] + names[:b % len(names)]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(inner):
+                fns[k]()
+            t = torch.tensor([(time.perf_counter() - t0) / inner * 1e3])
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out[k].append(float(t))
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def _mean_loss(loss: torch.Tensor) -> float:
+    t = loss.detach().reshape(1).double()
+    dist.all_reduce(t)
+    return float(t) / dist.get_world_size()
+
+
+# ---- shardwise ----------------------------------------------------------------------------------
+def _shardwise_trainer(variant: str, blob: dict, batches: list, tmp: str):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from shardwise.embedding import shard, table_wise
+    from shardwise.sparse import KeyedJaggedTensor
+    from shardwise.train.config import TrainConfig
+    from shardwise.train.loop import Trainer
+    from shardwise.train.model import make_ebc
+
+    plan_kind, dense_mode = variant.split("+")
+    cfg = TrainConfig(steps=1 << 30, quiet=True, checkpoint_every=0, reshard_at=0, dense_parallel=dense_mode,
+                      out=os.path.join(tmp, variant))
+    tr = Trainer(cfg, init_device_mesh("cpu", (dist.get_world_size(),)))
+    if plan_kind == "table_wise":
+        tr.plan = {t.name: table_wise(i % tr.world) for i, t in enumerate(tr.tables)}
+        import functools
+        tr.sparse = shard(make_ebc(tr.cards, cfg.dim, cfg.seed), tr.plan, mesh=tr.mesh,
+                          optimizer=functools.partial(torch.optim.Adagrad, lr=cfg.lr_sparse))
+    inputs = [(d, KeyedJaggedTensor(blob["keys"], v, lengths=n), y) for d, v, n, y in batches]
+    per_step = tr.world * cfg.batch_size
+    # the job's own step, reading the pre-generated batch of the step it is at
+    tr._inputs = lambda start, count: inputs[(start // per_step) % len(inputs)]
+    return tr
+
+
+def run_shardwise(rank, world, args, blob_path, tmp):
+    blob = torch.load(blob_path, weights_only=False)
+    batches = blob["batches"][rank]
+    trainers = {v: _shardwise_trainer(v, blob, batches, tmp) for v in args.variants}
+    losses = {v: [_mean_loss(tr.train_step()[0]) for _ in range(args.check_steps)] for v, tr in trainers.items()}
+    fns = {v: (lambda tr=tr: tr.train_step()) for v, tr in trainers.items()}
+    ms = _timed(fns, args.blocks, args.inner, args.warmup)
+    plans = {v: _plan_summary(tr.plan) for v, tr in trainers.items()}
+    return {"ms": ms, "losses": losses, "plans": plans}
+
+
+def _plan_summary(plan: dict) -> dict:
+    kinds: dict = {}
+    for ps in plan.values():
+        kinds[ps.sharding_type.value] = kinds.get(ps.sharding_type.value, 0) + 1
+    return kinds
+
+
+# ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------
+class DenseArch(nn.Module):
+    """shardwise.train.model.DenseArch rewritten in plain torch (same parameter names and math)."""
+
+    def __init__(self, num_sparse: int, dim: int):
+        super().__init__()
+        self.num_sparse, self.dim = num_sparse, dim
+        self.bottom = nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
+        n = num_sparse + 1
+        self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
+                                 nn.Linear(32, 1))
+        iu = torch.triu_indices(n, n, offset=1)
+        self.register_buffer("pair_index", iu[0] * n + iu[1], persistent=False)
+
+    def forward(self, dense, pooled):
+        b = dense.shape[0]
+        x = self.bottom(dense)
+        feats = torch.cat([x.unsqueeze(1), pooled.reshape(b, self.num_sparse, self.dim)], dim=1)
+        dots = torch.bmm(feats, feats.transpose(1, 2)).reshape(b, -1)
+        return self.top(torch.cat([x, torch.index_select(dots, 1, self.pair_index)], dim=1)).squeeze(1)
+
+
+class TorchRecDLRM(nn.Module):
+    """forward(batch) -> (loss, (loss, logits)): the shape TorchRec's train pipelines expect."""
+
+    def __init__(self, ebc, dense: DenseArch, keys: list):
+        super().__init__()
+        self.ebc, self.dense, self.keys = ebc, dense, keys
+
+    def forward(self, batch):
+        # a sharded collection's output is grouped by sharding type, not in feature order: put the
+        # features back in order the way TorchRec's own DLRM (SparseArch) does
+        by_key = self.ebc(batch.sparse_features).to_dict()
+        pooled = torch.cat([by_key[k] for k in self.keys], dim=1)
+        logits = self.dense(batch.dense_features, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
+        return loss, (loss.detach(), logits.detach())
+
+
+def _torchrec_plan(model, world: int):
+    """All tables table-wise, round-robin over the ranks (the shardwise table_wise variant's layout)."""
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingPlan
+
+    names = [c.name for c in model.ebc.embedding_bag_configs()]
+    mod = construct_module_sharding_plan(model.ebc, {n: table_wise(rank=i % world) for i, n in enumerate(names)},
+                                         local_size=world, world_size=world, device_type="cpu")
+    return ShardingPlan({"ebc": mod})
+
+
+def _torchrec_model(blob: dict, plan_kind: str):
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+    from torchrec.optim.keyed import KeyedOptimizerWrapper
+    from torchrec.optim.optimizers import in_backward_optimizer_filter
+
+    cfgs = [torchrec.EmbeddingBagConfig(name=name, embedding_dim=blob["dim"], num_embeddings=c, feature_names=[k])
+            for (name, c, k) in zip(blob["tables"], blob["cards"], blob["keys"])]
+    ebc = torchrec.EmbeddingBagCollection(tables=cfgs, device=torch.device("meta"))
+    # eps: torch.optim.Adagrad's default, which the shardwise job uses (fbgemm's own is 1e-8)
+    apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": blob["lr_sparse"], "eps": 1e-10})
+    dense = DenseArch(len(cfgs), blob["dim"])
+    dense.load_state_dict(blob["dense"])
+    model = TorchRecDLRM(ebc, dense, blob["keys"])
+    plan = _torchrec_plan(model, dist.get_world_size()) if plan_kind == "table_wise" else None
+    model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
+    _load_tables(model, blob["tables"])
+    opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
+                                lambda ps: torch.optim.Adam(ps, lr=blob["lr_dense"]))
+    return model, opt
+
+
+@torch.no_grad()
+def _load_tables(model, tables: dict) -> None:
+    """Copy the shared initial tables into this rank's shards (views of the fused weights)."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    for key, t in model.state_dict().items():
+        name = key.split(".")[-2]
+        if name not in tables:
+            continue
+        if not isinstance(t, ShardedTensor):   # a data-parallel table: the whole table on every rank
+            t.copy_(tables[name])
+            continue
+        for s in t.local_shards():
+            (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
+            s.tensor.copy_(tables[name][r0:r0 + nr, c0:c0 + nc])
+
+
+def run_torchrec(rank, world, args, blob_path, tmp):
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    blob = torch.load(blob_path, weights_only=False)
+    batches = [Batch(d, KeyedJaggedTensor(keys=blob["keys"], values=v, lengths=n), y)
+               for d, v, n, y in blob["batches"][rank]]
+    plain_model, plain_opt = _torchrec_model(blob, args.torchrec_plan)
+    piped_model, piped_opt = _torchrec_model(blob, args.torchrec_plan)
+    pipeline = TrainPipelineSparseDist(piped_model, piped_opt, torch.device("cpu"))
+    plain_it, piped_it = itertools.cycle(batches), itertools.cycle(batches)
+
+    def plain():
+        plain_opt.zero_grad()
+        loss, out = plain_model(next(plain_it))
+        loss.backward()
+        plain_opt.step()
+        return out
+
+    def piped():
+        return pipeline.progress(piped_it)
+
+    losses = {"plain": [_mean_loss(plain()[0]) for _ in range(args.check_steps)],
+              "pipelined": [_mean_loss(piped()[0]) for _ in range(args.check_steps)]}
+    ms = _timed({"plain": plain, "pipelined": piped}, args.blocks, args.inner, args.warmup)
+    plan = {}
+    for mod_plan in plain_model.plan.plan.values():
+        for ps in mod_plan.values():
+            plan[ps.sharding_type] = plan.get(ps.sharding_type, 0) + 1
+    return {"ms": ms, "losses": losses, "plans": {"torchrec": plan}}
+
+
+# ---- shardwise train itself -----------------------------------------------------------------------
+def _find_steady(metrics) -> float | None:
+    """A steady-state examples/s field of metrics.json, wherever the job puts it."""
+    if isinstance(metrics, dict):
+        for k, v in metrics.items():
+            if "steady" in k and isinstance(v, (int, float)) and not isinstance(v, bool):
+                return float(v)
+            found = _find_steady(v)
+            if found is not None:
+                return found
+    return None
+
+
+def run_job(args, tmp: str) -> dict:
+    out = os.path.join(tmp, "job")
+    cmd = [sys.executable, "-m", "shardwise", "train", "--out", out, "--quiet", "--nproc-per-node", str(args.world)]
+    cmd += ["--steps", str(args.job_steps)] if args.job_steps else []
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"shardwise train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(os.path.join(out, "metrics.json")) as f:
+        metrics = json.load(f)
+    field = _find_steady(metrics)
+    # without a steady-state field: the job's whole-run rate from the end of step 1, which also
+    # pays for the checkpoint saves and the live reshard (a lower bound on the steady state)
+    rate = field if field is not None else metrics["throughput"]["examples_per_s"]
+    return {"examples_per_s": rate, "source": "steady-state field" if field is not None else
+            "whole-run rate (includes checkpoints and the reshard)",
+            "wall_s": round(wall, 1), "steps": metrics["config"]["steps"]}
+
+
+# ---- rounds ---------------------------------------------------------------------------------------
+def torchrec_round(args, blob: str):
+    python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
+    if not python or not os.path.exists(python):
+        return None
+    cmd = [python, os.path.abspath(__file__), "--impl", "torchrec", "--blob", blob] + _flags(args)
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONPATH="")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        print(f"# TorchRec run failed, skipped:\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def _flags(args) -> list[str]:
+    return ["--world", str(args.world), "--blocks", str(args.blocks), "--inner", str(args.inner),
+            "--warmup", str(args.warmup), "--check-steps", str(args.check_steps), "--torchrec-plan", args.torchrec_plan]
+
+
+def _ratio(a: list, b: list) -> float:
+    return round(statistics.median(x / y for x, y in zip(a, b)), 3)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=2)
+    p.add_argument("--batch", type=int, default=256, help="per rank (the job's default)")
+    p.add_argument("--batches", type=int, default=16, help="pre-generated steps, cycled")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--blocks", type=int, default=5, help="timed blocks per variant per round")
+    p.add_argument("--inner", type=int, default=20, help="steps per block")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--check-steps", type=int, default=3, help="first steps whose losses are compared")
+    p.add_argument("--variants", type=lambda s: s.split(","), default=list(VARIANTS))
+    p.add_argument("--torchrec-python", default=None)
+    p.add_argument("--torchrec-plan", choices=("planner", "table_wise"), default="planner",
+                   help="TorchRec's own planner, or all tables table-wise round-robin")
+    p.add_argument("--no-job", action="store_true", help="skip running `shardwise train` itself")
+    p.add_argument("--job-steps", type=int, default=None, help="`shardwise train --steps` (default: its own)")
+    p.add_argument("--impl", default="all", choices=["all", "torchrec"])
+    p.add_argument("--blob", default=None)
+    args = p.parse_args(argv)
+    if args.impl == "torchrec":
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(spawn(run_torchrec, args.world, args, args.blob, tmp)), flush=True)
+        return
+    sys.path.insert(0, ROOT)
+    os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")   # for spawned ranks
+    python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
+    if not python or not os.path.exists(python):
+        print(f"# TorchRec skipped: no interpreter (pass --torchrec-python or set SHARDWISE_TORCHREC_PYTHON; "
+              f"got {python!r})", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        blob = os.path.join(tmp, "dlrm.pt")
+        info = prepare(blob, args.world, args.batch, args.batches)
+        shape = {"world": args.world, "batch_per_rank": args.batch, "tables": len(info["cards"]), "dim": info["dim"]}
+        rounds = [one_round(args, blob, tmp, info, shape, i) for i in range(args.rounds)]
+    summary(args, rounds, info, shape)
+
+
+def one_round(args, blob: str, tmp: str, info: dict, shape: dict, i: int) -> dict:
+    ours = spawn(run_shardwise, args.world, args, blob, tmp)
+    for v, ms in ours["ms"].items():
+        emit({"bench": "dlrm", "round": i, "impl": "shardwise", "variant": v, "ms_per_step": round(ms, 2),
+              "job_default": v == f"planner+{info['default_dense']}", "plan": ours["plans"][v],
+              "loss_first_steps": [round(x, 6) for x in ours["losses"][v]], "compiled_update": False, **shape})
+    theirs = torchrec_round(args, blob)
+    for v, ms in (theirs or {"ms": {}})["ms"].items():
+        emit({"bench": "dlrm", "round": i, "impl": "torchrec", "variant": v, "ms_per_step": round(ms, 2),
+              "plan": theirs["plans"]["torchrec"],
+              "plan_source": args.torchrec_plan,
+              "loss_first_steps": [round(x, 6) for x in theirs["losses"][v]], **shape})
+    job = None if args.no_job else run_job(args, tmp)
+    if job is not None:
+        emit({"bench": "dlrm", "round": i, "impl": "shardwise_train", **job,
+              "ms_per_step": round(args.world * args.batch / job["examples_per_s"] * 1e3, 2), **shape})
+    return {"ours": ours["ms"], "theirs": theirs["ms"] if theirs else None,
+            "job_ms": None if job is None else args.world * args.batch / job["examples_per_s"] * 1e3}
+
+
+def summary(args, rounds: list, info: dict, shape: dict) -> None:
+    rec = {"bench": "dlrm", "summary": True, "rounds": len(rounds), "default_dense": info["default_dense"], **shape}
+    for v in args.variants:
+        rec[f"shardwise_{v}_ms"] = round(statistics.median(r["ours"][v] for r in rounds), 2)
+    paired = [r for r in rounds if r["theirs"]]
+    if paired:
+        best = [min(r["theirs"].values()) for r in paired]
+        for k in paired[0]["theirs"]:
+            rec[f"torchrec_{k}_ms"] = round(statistics.median(r["theirs"][k] for r in paired), 2)
+        rec["torchrec_best_examples_per_s"] = round(args.world * args.batch / statistics.median(best) * 1e3)
+        for v in args.variants:
+            rec[f"ratio_{v}/torchrec_best"] = _ratio([r["ours"][v] for r in paired], best)
+        jobs = [r for r in paired if r["job_ms"]]
+        if jobs:
+            rec["ratio_shardwise_train/torchrec_best"] = _ratio([r["job_ms"] for r in jobs],
+                                                                [min(r["theirs"].values()) for r in jobs])
+    job = [r["job_ms"] for r in rounds if r["job_ms"]]
+    if job:
+        rec["shardwise_train_examples_per_s"] = round(args.world * args.batch / statistics.median(job) * 1e3)
+    emit(rec)
+
+
+if __name__ == "__main__":
+    main()
