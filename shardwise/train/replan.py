@@ -50,8 +50,11 @@ def _missing_ranks(ps: ParameterSharding, world: int) -> list:
 def _place_rest(todo: list, kept: dict, kept_tables: list, world: int, planner) -> dict:
     """Greedy, biggest table first: each to the candidate with the lowest maximum per-rank estimated
     cost that keeps every rank within the planner's memory."""
-    est = planner.estimate(kept, kept_tables)
-    memory, cost = list(est.memory), list(est.cost)
+    if kept:
+        est = planner.estimate(kept, kept_tables)
+        memory, cost = list(est.memory), list(est.cost)
+    else:   # no table kept its ranks (e.g. every saved rank is gone): place all from empty ranks
+        memory, cost = [0] * world, [0.0] * world
     out = {}
     for t in sorted(todo, key=lambda t: (-t.num_embeddings * t.embedding_dim, t.name)):
         cands = [table_wise(r) for r in sorted(range(world), key=lambda r: (cost[r], r))]

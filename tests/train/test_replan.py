@@ -24,6 +24,14 @@ def test_shrinking_keeps_what_still_fits_and_places_the_rest():
     assert len(_planner(2).estimate(plan, _TABLES).memory) == 2
 
 
+def test_shrinking_where_no_table_keeps_its_ranks_places_every_table():
+    # every table row-wise over the saved 2 ranks: none survives on 1 rank, all are placed afresh
+    saved = {t.name: row_wise() for t in _TABLES}
+    plan, moves = keep_plan(saved, 2, 1, _TABLES, _planner(1))
+    assert set(moves) == set(saved) and all(m["why"] == "rank 1 is gone (2 -> 1 ranks)" for m in moves.values())
+    assert all((ps.ranks or (0,)) == (0,) or ps == data_parallel() for ps in plan.values())
+
+
 def test_growing_keeps_every_table_where_it_was():
     saved = {"t0": table_wise(0), "t1": table_wise(1), "t2": row_wise(), "t3": data_parallel(), "t4": row_wise()}
     plan, moves = keep_plan(saved, 2, 3, _TABLES, _planner(3))
