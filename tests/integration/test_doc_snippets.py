@@ -32,8 +32,9 @@ for where, code in blocks:
         print(f"SNIPPET FAILED {where} on rank {dist.get_rank() if dist.is_initialized() else '?'}:\n"
               f"{traceback.format_exc()}", file=sys.stderr, flush=True)
         break   # the other ranks may be waiting in a collective of this snippet: stop all of it
-    if dist.get_rank() == 0:
-        print(f"SNIPPET OK {where}", flush=True)
+    if dist.get_rank() == 0:   # to a file: a snippet's own output may leave a partial line on stdout
+        with open(sys.argv[2], "a") as fh:
+            fh.write(f"SNIPPET OK {where}\n")
 if not failed:
     dist.barrier()
     dist.destroy_process_group()
@@ -65,7 +66,8 @@ def test_every_snippet_runs_on_two_processes(tmp_path):
     (tmp_path / "blocks.json").write_text(json.dumps(blocks))
     (tmp_path / "runner.py").write_text(_RUNNER)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(tmp_path / "runner.py"), str(tmp_path / "blocks.json")]
+           str(tmp_path / "runner.py"), str(tmp_path / "blocks.json"), str(tmp_path / "ok.txt")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    ok = [line.split()[-1] for line in proc.stdout.splitlines() if line.startswith("SNIPPET OK")]
+    done = (tmp_path / "ok.txt").read_text() if (tmp_path / "ok.txt").exists() else ""
+    ok = [line.split()[-1] for line in done.splitlines() if line.startswith("SNIPPET OK")]
     assert proc.returncode == 0 and ok == [w for w, _ in blocks], proc.stderr[-6000:]
