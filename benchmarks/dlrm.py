@@ -7,7 +7,7 @@ Adam lr 0.003, batch 256 per rank, world 2. This interpreter pre-generates the b
 job's synthetic log (the same examples each rank reads in the job) and the initial weights (the
 job's seeds) into one file that both libraries load.
 
-- shardwise: the job's own ``Trainer`` (its planner, its dense runner, its ``train_step``) fed the
+- shardwise: the job's own ``Trainer`` (its planner, its dense runner, its step) fed the
   pre-generated batches, in variants: the planner's plan or all table-wise, dense ``compile``
   (``replicate``) or ``ddp``. ``job_default`` marks the variant the job runs by default.
 - TorchRec: ``DistributedModelParallel`` with its own planner, the dense part under its DDP, the
@@ -133,12 +133,19 @@ def _shardwise_trainer(variant: str, blob: dict, batches: list, tmp: str):
     return tr
 
 
+def _job_step(tr):
+    """The job's own step (``Trainer._train_batch``) on this rank's slice of the step's global batch,
+    unpipelined: the plain loop, as TorchRec's plain loop is timed."""
+    b = tr.cfg.batch_size
+    return tr._train_batch(tr._inputs(tr.cursor + tr.rank * b, b))
+
+
 def run_shardwise(rank, world, args, blob_path, tmp):
     blob = torch.load(blob_path, weights_only=False)
     batches = blob["batches"][rank]
     trainers = {v: _shardwise_trainer(v, blob, batches, tmp) for v in args.variants}
-    losses = {v: [_mean_loss(tr.train_step()[0]) for _ in range(args.check_steps)] for v, tr in trainers.items()}
-    fns = {v: (lambda tr=tr: tr.train_step()) for v, tr in trainers.items()}
+    losses = {v: [_mean_loss(_job_step(tr)[0]) for _ in range(args.check_steps)] for v, tr in trainers.items()}
+    fns = {v: (lambda tr=tr: _job_step(tr)) for v, tr in trainers.items()}
     ms = _timed(fns, args.blocks, args.inner, args.warmup)
     plans = {v: _plan_summary(tr.plan) for v, tr in trainers.items()}
     return {"ms": ms, "losses": losses, "plans": plans}
