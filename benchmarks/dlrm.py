@@ -21,7 +21,7 @@ block time is the slowest rank's. Ratios are medians over rounds of per-round ra
 load from other processes hits both sides alike. ``loss_first_steps`` (global mean loss of the first
 steps from the initial weights) must agree between the libraries: the same model, weights and data.
 
-    .venv/bin/python benchmarks/dlrm.py --torchrec-python /work/torchrec-venv/bin/python
+    .venv/bin/python benchmarks/dlrm.py --torchrec-python ../torchrec-venv/bin/python  # ../shared/peers/torchrec-venv.sh
     .venv/bin/python benchmarks/dlrm.py --rounds 1 --no-job          # library step only
 
 TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON, run with

@@ -25,6 +25,7 @@ from .sharding.exchange import PendingInput, start_groups
 from .sharding import SHARDERS, Stages
 from .shard_source import check_or_broadcast, shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
+from .batch_checks import batch_problem, raise_everywhere
 from .topology import Topology
 
 __all__ = ["ShardedEmbeddingBagCollection", "shard"]
@@ -247,33 +248,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
     def _check_batch(self, kjt) -> Optional[str]:
         """This rank's problem with its batch (None if fine): type, features, weights, id range."""
-        try:
-            self._check_features(kjt)
-        except (ValueError, TypeError) as exc:
-            return f"{type(exc).__name__}: {exc}"
-        if kjt.variable_stride_per_key():
-            return ("ValueError: a variable batch per feature (VBE: stride_per_key_per_rank) is not supported by the "
-                    "sharded collection yet; give every feature the same batch size (or use the unsharded one)")
-        keys, per_key = kjt.keys(), kjt.length_per_key()
-        if not keys or kjt.values().numel() == 0:
-            return None
-        limit = torch.tensor([self._rows[k] for k in keys], device=kjt.values().device)
-        limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device),
-                                        output_size=kjt.values().numel())
-        bad = (kjt.values() < 0) | (kjt.values() >= limit)
-        if bool(bad.any()):
-            i = int(torch.nonzero(bad)[0])
-            key = keys[next(k for k, end in enumerate(kjt.offset_per_key()[1:]) if i < end)]
-            return (f"ValueError: id {int(kjt.values()[i])} of feature {key!r} is outside its table's rows "
-                    f"[0, {self._rows[key]}); fix the id or enlarge num_embeddings")
-        return None
+        return batch_problem(kjt, self._check_features, self._rows)
 
     def _raise_everywhere(self, problem: Optional[str], bad_ranks: list) -> None:
-        messages = [None] * self._topo.world_size
-        dist.all_gather_object(messages, problem, group=self._topo.group)
-        detail = "; ".join(f"rank {r}: {messages[r]}" for r in bad_ranks)
-        raise ValueError(f"forward: the local batch of rank(s) {bad_ranks} is invalid, so no rank ran the "
-                         f"lookup ({detail})")
+        raise_everywhere(problem, bad_ranks, self._topo)
 
     def _assemble(self, feature: str, parts: list, batch: int, mean_kjt) -> torch.Tensor:
         """One feature's [batch, dim] output: add row-block partials, place column blocks."""

@@ -11,7 +11,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from . import ops as _ops  # noqa: F401  (registers the sharding rules)
-from .agreement import rank_checks
+from .checks.agreement import rank_checks
 from .collectives import CollectiveCounter, CollectiveTimeoutError
 from .dtensor import DTensor, fast_path, gather_fallback, propagation_cache
 from .distribute import distribute_module, distribute_tensor

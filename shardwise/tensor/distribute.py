@@ -25,7 +25,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .collectives import mesh_broadcast_
 from .dtensor import DTensor
-from .layout_checks import check_distribute_call
+from .checks.layout import check_distribute_call
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import to_partial
 from .spec import DTensorSpec, _contiguous_stride, chunk_range, coord_or_none, mesh_coord, mesh_or_current, \

@@ -13,11 +13,11 @@ from typing import Optional, Sequence
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from .agreement import check_same_call, checks_enabled
+from .checks.agreement import check_same_call, checks_enabled
 from .dispatch import GATHER_FALLBACK, OpDispatcher
 from .donation import donatable
 from .fastpath import FAST_PATH, FastPath, make_entry
-from .layout_checks import check_from_local, check_local_shapes
+from .checks.layout import check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
 from .spec import DTensorSpec, _global_stride, coord_or_none, mesh_or_current, normalize_placements
@@ -263,7 +263,7 @@ class DTensor(torch.Tensor):
         return normalize_placements(placements, mesh.ndim, self.ndim)
 
     def _agreed_target(self, device_mesh, placements) -> tuple:
-        """``_target``, after checking every rank asked the same (checked mode, see agreement.py)."""
+        """``_target``, after checking every rank asked the same (checked mode, see checks/agreement.py)."""
         try:
             target, err = self._target(device_mesh, placements), None
             asked = "(" + ", ".join(map(str, target)) + ")"

@@ -149,7 +149,7 @@ def _checked(fn):
 
 
 def redist_targets_differ_one_rank(rank, world):
-    # checked mode: without it the ranks would run mismatched collectives (see agreement.py)
+    # checked mode: without it the ranks would run mismatched collectives (see tensor/checks/agreement.py)
     mesh = short_timeout_mesh()
     w = distribute_tensor(torch.arange(16.0).view(4, 4), mesh, [Shard(0)])
     pl = [Shard(1)] if rank == world - 1 else [Replicate()]

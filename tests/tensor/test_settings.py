@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from shardwise.tensor import embedding_index_check, fast_path, gather_fallback, rank_checks
-from shardwise.tensor.agreement import checks_enabled
+from shardwise.tensor.checks.agreement import checks_enabled
 from shardwise.tensor.dispatch import GATHER_FALLBACK
 from shardwise.tensor.fastpath import FAST_PATH
 from shardwise.tensor.ops.embedding import _CHECK

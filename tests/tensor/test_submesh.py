@@ -163,7 +163,7 @@ def test_texts_travel_as_bytes_in_tensors():
 
 
 def _texts(rank, world):
-    from shardwise.tensor.agreement import gather_texts, same_everywhere
+    from shardwise.tensor.checks.agreement import gather_texts, same_everywhere
     from shardwise.testing.harness import worker_mesh
 
     mesh = worker_mesh((world,), "cpu")

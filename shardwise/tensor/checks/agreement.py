@@ -22,8 +22,8 @@ import os
 import torch
 import torch.distributed as dist
 
-from ._switch import Switch
-from .collectives import mesh_gather_rows, mesh_max
+from .._switch import Switch
+from ..collectives import mesh_gather_rows, mesh_max
 
 __all__ = ["rank_checks", "checks_enabled", "check_same_call", "same_everywhere", "gather_texts"]
 

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from .agreement import gather_texts, same_everywhere
-from .collectives import mesh_gather_rows
-from .spec import local_shape_and_offset, mesh_coord, normalize_placements
+from ..collectives import mesh_gather_rows
+from ..spec import local_shape_and_offset, mesh_coord, normalize_placements
 
 __all__ = ["check_distribute_call", "check_from_local"]
 

@@ -1,0 +1,52 @@
+"""A sharded collection's check of one rank's batch, and the error every rank raises for it.
+
+The forward exchanges a "my batch is bad" flag with the batch sizes, so a bad batch on one rank makes
+every rank raise the same ``ValueError`` (naming the ranks and their problems) before any lookup,
+instead of leaving the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..sparse import KeyedJaggedTensor
+from .topology import Topology
+
+__all__ = ["batch_problem", "raise_everywhere"]
+
+
+def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict) -> Optional[str]:
+    """This rank's problem with its batch (None if fine): type and features (``check_features``
+    raises), VBE, and ids outside their table's ``rows``."""
+    try:
+        check_features(kjt)
+    except (ValueError, TypeError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if kjt.variable_stride_per_key():
+        return ("ValueError: a variable batch per feature (VBE: stride_per_key_per_rank) is not supported by the "
+                "sharded collection yet; give every feature the same batch size (or use the unsharded one)")
+    keys, per_key = kjt.keys(), kjt.length_per_key()
+    if not keys or kjt.values().numel() == 0:
+        return None
+    limit = torch.tensor([rows[k] for k in keys], device=kjt.values().device)
+    limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device),
+                                    output_size=kjt.values().numel())
+    bad = (kjt.values() < 0) | (kjt.values() >= limit)
+    if bool(bad.any()):
+        i = int(torch.nonzero(bad)[0])
+        key = keys[next(k for k, end in enumerate(kjt.offset_per_key()[1:]) if i < end)]
+        return (f"ValueError: id {int(kjt.values()[i])} of feature {key!r} is outside its table's rows "
+                f"[0, {rows[key]}); fix the id or enlarge num_embeddings")
+    return None
+
+
+def raise_everywhere(problem: Optional[str], bad_ranks: list, topo: Topology) -> None:
+    """Collective: every rank raises one ValueError carrying the bad ranks' own messages."""
+    messages = [None] * topo.world_size
+    dist.all_gather_object(messages, problem, group=topo.group)
+    detail = "; ".join(f"rank {r}: {messages[r]}" for r in bad_ranks)
+    raise ValueError(f"forward: the local batch of rank(s) {bad_ranks} is invalid, so no rank ran the "
+                     f"lookup ({detail})")
