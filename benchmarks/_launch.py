@@ -74,3 +74,24 @@ def time_us(fn, *, warmup: int = 20, reps: int = 7, inner: int = 50, sync=None, 
 
 def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux VmHWM; ru_maxrss elsewhere)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) * 1024
+    except (OSError, StopIteration):
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rss_per_rank(held_bytes: int) -> dict:
+    """Every rank's peak RSS next to the bytes that rank must hold (its shards, optimizer state,
+    batches), as JSON fields. A collective: call it on every rank of the default group."""
+    mine = torch.tensor([peak_rss_bytes(), int(held_bytes)], dtype=torch.int64)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    mib = 1 << 20
+    return {"peak_rss_mib_per_rank": [round(int(e[0]) / mib, 1) for e in every],
+            "held_mib_per_rank": [round(int(e[1]) / mib, 1) for e in every]}
