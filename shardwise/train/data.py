@@ -86,6 +86,15 @@ class SyntheticClicks:
         self.effects = [hidden.normal(0.0, scale[j], c).astype(np.float32) for j, c in enumerate(self.cards)]
         self.bias = -1.0
         self._cache: dict[int, Batch] = {}
+        self._flat = None
+
+    def flat_effects(self) -> tuple:
+        """(every table's hidden effects end to end, each after one 0.0; where each table starts)."""
+        if self._flat is None:
+            zero = np.zeros(1, np.float32)
+            offsets = np.cumsum([1] + [c + 1 for c in self.cards[:-1]]).astype(np.int64)
+            self._flat = (np.concatenate([x for e in self.effects for x in (zero, e)]), offsets)
+        return self._flat
 
     def _block(self, index: int) -> Batch:
         if index in self._cache:
@@ -309,9 +318,16 @@ def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple
 
 def hidden_model_logits(data: SyntheticClicks, batch: Batch) -> np.ndarray:
     """The generator's own logits for ``batch`` (the best any model can do; for sanity checks)."""
+    ids = batch.ids
+    if ids.size and (ids >= np.asarray(data.cards)).any():
+        raise ValueError("hidden_model_logits: an id is beyond its table (ids must come from this generator)")
     logit = data.bias + np.log1p(batch.dense) @ data.dense_w
+    # every feature's effect in one gather from the tables laid end to end, each after a 0.0 that a
+    # missing id (-1) reads; then added feature by feature in the order the per-feature loop used,
+    # so the float64 sums and with them the labels stay bit for bit what they were
+    flat, offsets = data.flat_effects()
+    picked = flat[ids + offsets].T
     for j in range(NUM_SPARSE):
-        ok = batch.ids[:, j] >= 0
-        logit[ok] += data.effects[j][batch.ids[ok, j]]
+        logit += picked[j]
     return logit
 

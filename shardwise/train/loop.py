@@ -28,8 +28,10 @@ from .model import DenseArch, auc, make_ebc, make_tables
 from .report import Progress, console
 from .replan import describe, keep_plan
 from .pipeline import TrainPipeline
+from .prefetch import Prefetched
 from .reshard import live_reshard
 from .report.steady import Steady
+from .report.steplog import StepLog
 from .report import add_reshard, add_window, close_segment, max_over_mean, new_story, open_segment
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
@@ -208,6 +210,13 @@ class Trainer:
             yield self._inputs(cursor + self.rank * b, b)
             cursor += self.world * b
 
+    def _batch_source(self):
+        """The pipeline's data. The synthetic log is prepared on a helper thread, a step or two ahead
+        (it runs no collective and depends only on the stream position: the same batches)."""
+        if isinstance(self.data, SyntheticClicks):
+            return Prefetched(self._batches(), depth=2)
+        return self._batches()
+
     def _train_batch(self, batch):
         """One training step on ``batch`` (the pipeline started its input dist already)."""
         dense, kjt, labels = batch
@@ -223,11 +232,6 @@ class Trainer:
         dist.all_gather(out, t.contiguous())
         return torch.cat(out)
 
-    def _global_mean(self, loss: torch.Tensor) -> float:
-        t = loss.detach().reshape(1).to(torch.float64)
-        dist.all_reduce(t)
-        return float(t.item()) / self.world
-
     # ---- run ------------------------------------------------------------------------------------
     def run(self) -> Optional[dict]:
         cfg = self.cfg
@@ -235,9 +239,19 @@ class Trainer:
         if self.rank == 0 and not cfg.quiet:
             from .report import print_plan
             print_plan(self.planner, self.plan, self.tables, "sharding plan")
-        window, t0, seen0 = [], time.perf_counter(), self.step
-        pipe, batches = TrainPipeline(step=self._train_batch, sharded=self.sparse), self._batches()
-        self.steady = Steady(self.world * cfg.batch_size)
+        t0, seen0 = time.perf_counter(), self.step
+        pipe, batches = TrainPipeline(step=self._train_batch, sharded=self.sparse), self._batch_source()
+        self.steady, log = Steady(self.world * cfg.batch_size), StepLog(self.history)
+        try:
+            self._train(pipe, batches, log, progress, t0, seen0)
+        finally:
+            if isinstance(batches, Prefetched):
+                batches.close()
+        self.elapsed += time.perf_counter() - t0
+        return self.finish(seen0)
+
+    def _train(self, pipe, batches, log: StepLog, progress: Progress, t0: float, seen0: int) -> None:
+        cfg = self.cfg
         with progress:
             while self.step < cfg.steps:
                 # the decision needs a window of measured load on this layout: after a resume or
@@ -248,31 +262,30 @@ class Trainer:
                     self._reshard(progress)   # the pipeline re-routes its prefetched batch by itself
                 t_step = time.perf_counter()
                 loss, logits, labels = pipe.progress(batches)
-                window.append((torch.sigmoid(logits), labels))
-                loss_g = self._global_mean(loss)
-                self.history["step"].append(self.step)
-                self.history["loss"].append(loss_g)
+                log.add(self.step, loss, logits, labels)
                 if self.step == seen0 + 1:   # the first step traces the compiled graph: time from after it
                     t1 = time.perf_counter()
-                rate = (self.step - seen0 - 1) * self.world * cfg.batch_size / max(time.perf_counter() - t1, 1e-9)
-                if self.step % cfg.log_every == 0 or self.step == cfg.steps:
-                    a = auc(self._gather(torch.cat([p for p, _ in window])),
-                            self._gather(torch.cat([y for _, y in window])))
-                    window = []
-                    self.history["auc_step"].append(self.step)
-                    self.history["auc"].append(a)
-                    self.history["examples_per_s"].append(rate)
-                ckpt.fault_point("step", self.step)
-                progress.update(self.step, loss_g, self.history["auc"][-1] if self.history["auc"] else None, rate)
                 saved = bool(cfg.checkpoint_every) and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps)
+                shown = self.step % cfg.log_every == 0 or self.step == cfg.steps
+                if shown or saved:   # a saved history holds every step's loss
+                    self._log(log, progress, shown, seen0, t1)
+                ckpt.fault_point("step", self.step)
                 self.steady.add(self.step, time.perf_counter() - t_step,
                                 "startup" if self.step - seen0 <= _WARMUP_STEPS else
                                 "reshard" if resharded else "checkpoint" if saved else None)
                 if saved:
                     self.elapsed_now = self.elapsed + time.perf_counter() - t0
                     self.save()
-        self.elapsed += time.perf_counter() - t0
-        return self.finish(seen0)
+
+    def _log(self, log: StepLog, progress: Progress, shown: bool, seen0: int, t1: float) -> None:
+        """Collective: the steps since the last log get their global losses; at log steps also the
+        window AUC, the running examples/s and the progress bar."""
+        loss_g, _ = log.flush(with_auc=shown)
+        if not shown:
+            return
+        rate = (self.step - seen0 - 1) * self.world * self.cfg.batch_size / max(time.perf_counter() - t1, 1e-9)
+        self.history["examples_per_s"].append(rate)
+        progress.update(self.step, loss_g, log.last_auc(), rate)
 
     def _reshard(self, progress) -> None:
         stats = self.sparse.load_stats(reset=True)   # collective: the same numbers on every rank
