@@ -16,6 +16,11 @@ job's seeds) into one file that both libraries load.
   the live reshard): its steady-state examples/s (``metrics.json``'s steady-state field where the
   job writes one, else its whole-run rate, which also pays for checkpoints and the reshard).
 
+Every library line carries each rank's peak RSS next to what that rank must hold
+(``peak_rss_mib_per_rank``, ``held_mib_per_rank``: its table shards with their Adagrad state, the dense
+part with Adam's state and the batches, summed over the models the process holds: one per shardwise
+variant, TorchRec's plain and pipelined ones).
+
 One round = one launch of each; variants inside a launch run in rotating blocks of steps; every
 block time is the slowest rank's. Ratios are medians over rounds of per-round ratios (paired), so
 load from other processes hits both sides alike. ``loss_first_steps`` (global mean loss of the first
@@ -25,14 +30,13 @@ steps from the initial weights) must agree between the libraries: the same model
     .venv/bin/python benchmarks/dlrm.py --rounds 1 --no-job          # library step only
 
 TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON, run with
-PYTHONHASHSEED=0); without one it is skipped, saying so. This file imports nothing from shardwise
-at module level: the TorchRec interpreter runs it too.
+PYTHONHASHSEED=0); without one it is skipped, saying so. This file and its TorchRec side
+(``_dlrm_torchrec.py``) import nothing from shardwise at module level: the TorchRec interpreter runs them.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -43,11 +47,10 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import emit, spawn  # noqa: E402
+from _dlrm_torchrec import local_bytes, mean_loss, run_torchrec, timed  # noqa: E402
+from _launch import emit, rss_per_rank, spawn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("planner+compile", "planner+ddp", "table_wise+ddp")
@@ -81,30 +84,6 @@ def prepare(path: str, world: int, batch: int, count: int) -> dict:
             "keys": list(kjt.keys()), "lr_sparse": cfg.lr_sparse, "lr_dense": cfg.lr_dense}
     torch.save(blob, path)
     return {"cards": cards, "dim": cfg.dim, "default_dense": cfg.dense_parallel}
-
-
-def _timed(fns: dict, blocks: int, inner: int, warmup: int) -> dict:
-    """ms per step of each fn: ``blocks`` rounds of ``inner`` steps, rotating order, slowest rank."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    names, out = list(fns), {k: [] for k in fns}
-    for b in range(blocks):
-        for k in names[b % len(names):] + names[:b % len(names)]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fns[k]()
-            t = torch.tensor([(time.perf_counter() - t0) / inner * 1e3])
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out[k].append(float(t))
-    return {k: statistics.median(v) for k, v in out.items()}
-
-
-def _mean_loss(loss: torch.Tensor) -> float:
-    t = loss.detach().reshape(1).double()
-    dist.all_reduce(t)
-    return float(t) / dist.get_world_size()
 
 
 # ---- shardwise ----------------------------------------------------------------------------------
@@ -144,11 +123,16 @@ def run_shardwise(rank, world, args, blob_path, tmp):
     blob = torch.load(blob_path, weights_only=False)
     batches = blob["batches"][rank]
     trainers = {v: _shardwise_trainer(v, blob, batches, tmp) for v in args.variants}
-    losses = {v: [_mean_loss(_job_step(tr)[0]) for _ in range(args.check_steps)] for v, tr in trainers.items()}
+    losses = {v: [mean_loss(_job_step(tr)[0]) for _ in range(args.check_steps)] for v, tr in trainers.items()}
     fns = {v: (lambda tr=tr: _job_step(tr)) for v, tr in trainers.items()}
-    ms = _timed(fns, args.blocks, args.inner, args.warmup)
+    ms = timed(fns, args.blocks, args.inner, args.warmup)
     plans = {v: _plan_summary(tr.plan) for v, tr in trainers.items()}
-    return {"ms": ms, "losses": losses, "plans": plans}
+    # what this rank must hold: every variant's table shards with their Adagrad state, the dense
+    # parts with Adam's state, and the batches
+    held = sum(local_bytes(tr.sparse.state_dict()) + local_bytes(tr.sparse.fused_optimizer.state_dict()["state"])
+               + local_bytes(tr.dense.state()) for tr in trainers.values())
+    held += local_bytes(batches)
+    return {"ms": ms, "losses": losses, "plans": plans, "rss": rss_per_rank(held)}
 
 
 def _plan_summary(plan: dict) -> dict:
@@ -156,129 +140,6 @@ def _plan_summary(plan: dict) -> dict:
     for ps in plan.values():
         kinds[ps.sharding_type.value] = kinds.get(ps.sharding_type.value, 0) + 1
     return kinds
-
-
-# ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------
-class DenseArch(nn.Module):
-    """shardwise.train.model.DenseArch rewritten in plain torch (same parameter names and math)."""
-
-    def __init__(self, num_sparse: int, dim: int):
-        super().__init__()
-        self.num_sparse, self.dim = num_sparse, dim
-        self.bottom = nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
-        n = num_sparse + 1
-        self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
-                                 nn.Linear(32, 1))
-        iu = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("pair_index", iu[0] * n + iu[1], persistent=False)
-
-    def forward(self, dense, pooled):
-        b = dense.shape[0]
-        x = self.bottom(dense)
-        feats = torch.cat([x.unsqueeze(1), pooled.reshape(b, self.num_sparse, self.dim)], dim=1)
-        dots = torch.bmm(feats, feats.transpose(1, 2)).reshape(b, -1)
-        return self.top(torch.cat([x, torch.index_select(dots, 1, self.pair_index)], dim=1)).squeeze(1)
-
-
-class TorchRecDLRM(nn.Module):
-    """forward(batch) -> (loss, (loss, logits)): the shape TorchRec's train pipelines expect."""
-
-    def __init__(self, ebc, dense: DenseArch, keys: list):
-        super().__init__()
-        self.ebc, self.dense, self.keys = ebc, dense, keys
-
-    def forward(self, batch):
-        # a sharded collection's output is grouped by sharding type, not in feature order: put the
-        # features back in order the way TorchRec's own DLRM (SparseArch) does
-        by_key = self.ebc(batch.sparse_features).to_dict()
-        pooled = torch.cat([by_key[k] for k in self.keys], dim=1)
-        logits = self.dense(batch.dense_features, pooled)
-        loss = F.binary_cross_entropy_with_logits(logits, batch.labels)
-        return loss, (loss.detach(), logits.detach())
-
-
-def _torchrec_plan(model, world: int):
-    """All tables table-wise, round-robin over the ranks (the shardwise table_wise variant's layout)."""
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
-    from torchrec.distributed.types import ShardingPlan
-
-    names = [c.name for c in model.ebc.embedding_bag_configs()]
-    mod = construct_module_sharding_plan(model.ebc, {n: table_wise(rank=i % world) for i, n in enumerate(names)},
-                                         local_size=world, world_size=world, device_type="cpu")
-    return ShardingPlan({"ebc": mod})
-
-
-def _torchrec_model(blob: dict, plan_kind: str):
-    import torchrec
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
-    from torchrec.optim.keyed import KeyedOptimizerWrapper
-    from torchrec.optim.optimizers import in_backward_optimizer_filter
-
-    cfgs = [torchrec.EmbeddingBagConfig(name=name, embedding_dim=blob["dim"], num_embeddings=c, feature_names=[k])
-            for (name, c, k) in zip(blob["tables"], blob["cards"], blob["keys"])]
-    ebc = torchrec.EmbeddingBagCollection(tables=cfgs, device=torch.device("meta"))
-    # eps: torch.optim.Adagrad's default, which the shardwise job uses (fbgemm's own is 1e-8)
-    apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": blob["lr_sparse"], "eps": 1e-10})
-    dense = DenseArch(len(cfgs), blob["dim"])
-    dense.load_state_dict(blob["dense"])
-    model = TorchRecDLRM(ebc, dense, blob["keys"])
-    plan = _torchrec_plan(model, dist.get_world_size()) if plan_kind == "table_wise" else None
-    model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan)
-    _load_tables(model, blob["tables"])
-    opt = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                lambda ps: torch.optim.Adam(ps, lr=blob["lr_dense"]))
-    return model, opt
-
-
-@torch.no_grad()
-def _load_tables(model, tables: dict) -> None:
-    """Copy the shared initial tables into this rank's shards (views of the fused weights)."""
-    from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-    for key, t in model.state_dict().items():
-        name = key.split(".")[-2]
-        if name not in tables:
-            continue
-        if not isinstance(t, ShardedTensor):   # a data-parallel table: the whole table on every rank
-            t.copy_(tables[name])
-            continue
-        for s in t.local_shards():
-            (r0, c0), (nr, nc) = s.metadata.shard_offsets, s.metadata.shard_sizes
-            s.tensor.copy_(tables[name][r0:r0 + nr, c0:c0 + nc])
-
-
-def run_torchrec(rank, world, args, blob_path, tmp):
-    from torchrec.datasets.utils import Batch
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    blob = torch.load(blob_path, weights_only=False)
-    batches = [Batch(d, KeyedJaggedTensor(keys=blob["keys"], values=v, lengths=n), y)
-               for d, v, n, y in blob["batches"][rank]]
-    plain_model, plain_opt = _torchrec_model(blob, args.torchrec_plan)
-    piped_model, piped_opt = _torchrec_model(blob, args.torchrec_plan)
-    pipeline = TrainPipelineSparseDist(piped_model, piped_opt, torch.device("cpu"))
-    plain_it, piped_it = itertools.cycle(batches), itertools.cycle(batches)
-
-    def plain():
-        plain_opt.zero_grad()
-        loss, out = plain_model(next(plain_it))
-        loss.backward()
-        plain_opt.step()
-        return out
-
-    def piped():
-        return pipeline.progress(piped_it)
-
-    losses = {"plain": [_mean_loss(plain()[0]) for _ in range(args.check_steps)],
-              "pipelined": [_mean_loss(piped()[0]) for _ in range(args.check_steps)]}
-    ms = _timed({"plain": plain, "pipelined": piped}, args.blocks, args.inner, args.warmup)
-    plan = {}
-    for mod_plan in plain_model.plan.plan.values():
-        for ps in mod_plan.values():
-            plan[ps.sharding_type] = plan.get(ps.sharding_type, 0) + 1
-    return {"ms": ms, "losses": losses, "plans": {"torchrec": plan}}
 
 
 # ---- shardwise train itself -----------------------------------------------------------------------
@@ -381,13 +242,14 @@ def one_round(args, blob: str, tmp: str, info: dict, shape: dict, i: int) -> dic
     for v, ms in ours["ms"].items():
         emit({"bench": "dlrm", "round": i, "impl": "shardwise", "variant": v, "ms_per_step": round(ms, 2),
               "job_default": v == f"planner+{info['default_dense']}", "plan": ours["plans"][v],
-              "loss_first_steps": [round(x, 6) for x in ours["losses"][v]], "compiled_update": False, **shape})
+              "loss_first_steps": [round(x, 6) for x in ours["losses"][v]], "compiled_update": False,
+              **ours["rss"], **shape})
     theirs = torchrec_round(args, blob)
     for v, ms in (theirs or {"ms": {}})["ms"].items():
         emit({"bench": "dlrm", "round": i, "impl": "torchrec", "variant": v, "ms_per_step": round(ms, 2),
               "plan": theirs["plans"]["torchrec"],
               "plan_source": args.torchrec_plan,
-              "loss_first_steps": [round(x, 6) for x in theirs["losses"][v]], **shape})
+              "loss_first_steps": [round(x, 6) for x in theirs["losses"][v]], **theirs["rss"], **shape})
     job = None if args.no_job else run_job(args, tmp)
     if job is not None:
         emit({"bench": "dlrm", "round": i, "impl": "shardwise_train", **job,
