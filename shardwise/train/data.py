@@ -319,8 +319,12 @@ def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple
 def hidden_model_logits(data: SyntheticClicks, batch: Batch) -> np.ndarray:
     """The generator's own logits for ``batch`` (the best any model can do; for sanity checks)."""
     ids = batch.ids
-    if ids.size and (ids >= np.asarray(data.cards)).any():
-        raise ValueError("hidden_model_logits: an id is beyond its table (ids must come from this generator)")
+    bad = (ids < -1) | (ids >= np.asarray(data.cards))
+    if bad.any():
+        r, j = (int(x[0]) for x in np.nonzero(bad))
+        raise ValueError(f"hidden_model_logits: id {int(ids[r, j])} of {SPARSE_NAMES[j]} (row {r}) is beyond its "
+                         f"table of {data.cards[j]} rows; ids must be -1 (missing) or in [0, rows): pass batches "
+                         f"of this generator")
     logit = data.bias + np.log1p(batch.dense) @ data.dense_w
     # every feature's effect in one gather from the tables laid end to end, each after a 0.0 that a
     # missing id (-1) reads; then added feature by feature in the order the per-feature loop used,
