@@ -28,7 +28,6 @@ from .model import DenseArch, auc, make_ebc, make_tables
 from .report import Progress, console
 from .replan import describe, keep_plan
 from .pipeline import TrainPipeline
-from .prefetch import Prefetched
 from .reshard import live_reshard
 from .report.steady import Steady
 from .report.steplog import StepLog
@@ -210,13 +209,6 @@ class Trainer:
             yield self._inputs(cursor + self.rank * b, b)
             cursor += self.world * b
 
-    def _batch_source(self):
-        """The pipeline's data. The synthetic log is prepared on a helper thread, a step or two ahead
-        (it runs no collective and depends only on the stream position: the same batches)."""
-        if isinstance(self.data, SyntheticClicks):
-            return Prefetched(self._batches(), depth=2)
-        return self._batches()
-
     def _train_batch(self, batch):
         """One training step on ``batch`` (the pipeline started its input dist already)."""
         dense, kjt, labels = batch
@@ -240,13 +232,9 @@ class Trainer:
             from .report import print_plan
             print_plan(self.planner, self.plan, self.tables, "sharding plan")
         t0, seen0 = time.perf_counter(), self.step
-        pipe, batches = TrainPipeline(step=self._train_batch, sharded=self.sparse), self._batch_source()
+        pipe, batches = TrainPipeline(step=self._train_batch, sharded=self.sparse), self._batches()
         self.steady, log = Steady(self.world * cfg.batch_size), StepLog(self.history)
-        try:
-            self._train(pipe, batches, log, progress, t0, seen0)
-        finally:
-            if isinstance(batches, Prefetched):
-                batches.close()
+        self._train(pipe, batches, log, progress, t0, seen0)
         self.elapsed += time.perf_counter() - t0
         return self.finish(seen0)
 
