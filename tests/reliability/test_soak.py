@@ -1,7 +1,7 @@
 """Soaks: 2,000 training steps, resident memory flat after warm-up, every cache bounded.
 
 * ``test_demo_soak_...``: the demo job itself (``shardwise train``'s ``Trainer.run``: the DLRM model
-  with 26 sharded tables, the compiled data-parallel dense step, loss all-reduce, AUC windows) at toy
+  with 26 sharded tables, the compiled data-parallel dense step, the loss and AUC log) at toy
   sizes in one gloo worker, sampled through the loop's per-step fault hook.
 * ``test_soak_...``: a small model built to hit the DTensor paths the demo does not (a tensor-parallel
   MLP: dispatch, redistributes and SGD's foreach ops every step) on a sharded EmbeddingBagCollection.
