@@ -39,6 +39,7 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     def __init__(self, ec: EmbeddingCollection, plan: dict, topo: Topology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
         super().__init__(ec, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)
+        self._need_indices = ec.need_indices()  # each output's weights are its feature's ids
 
     def _make_stages(self, sharder, routing, store):
         return build_sequence(sharder, routing, self._topo, store, self._anchor, self._dtype)
@@ -55,6 +56,9 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     def feature_names(self) -> list[str]:
         return list(self._features)
 
+    def need_indices(self) -> bool:
+        return self._need_indices
+
     def forward(self, kjt: KeyedJaggedTensor) -> dict:
         kjt, _, sizes = self._agree_batch(kjt)
         self._lookup_counter.sample(kjt)   # the load that feeds rebalancing (every k-th forward)
@@ -67,4 +71,5 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
             out = g.stages.output_dist(looked, routed, sum(counts), self._dtype)
             for (f, _), part in zip(g.routing.features, out.split(counts)):
                 rows[f] = part
-        return sequence_output(self._features, kjt, rows, self.embedding_dim(), self._dtype, self._topo.device)
+        return sequence_output(self._features, kjt, rows, self.embedding_dim(), self._dtype, self._topo.device,
+                               self._need_indices)
