@@ -254,7 +254,8 @@ def test_meta_kjt_supports_shape_only_code_like_torchrec():
     assert [jt.values().shape[0] for jt in jts.values()] == [4, 4]
     again = KeyedJaggedTensor.from_jt_dict(jts)
     assert again.keys() == keys and again.values().is_meta and again.stride() == real.stride()
-    odd = KeyedJaggedTensor(keys + ["x"], torch.zeros(8, device="meta"), lengths=torch.zeros(9, dtype=torch.long, device="meta"))
+    odd = KeyedJaggedTensor(keys + ["x"], torch.zeros(8, device="meta"),
+                            lengths=torch.zeros(9, dtype=torch.long, device="meta"))
     assert odd.length_per_key() == [4, 2, 2]
     empty = KeyedJaggedTensor.from_lengths_sync([], torch.tensor([], device="meta"),
                                                 lengths=torch.tensor([], device="meta"))
