@@ -59,13 +59,13 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     def need_indices(self) -> bool:
         return self._need_indices
 
-    def forward(self, kjt: KeyedJaggedTensor) -> dict:
-        kjt, _, sizes = self._agree_batch(kjt)
-        self._lookup_counter.sample(kjt)   # the load that feeds rebalancing (every k-th forward)
+    def _lookup_pending(self, pending) -> dict:
+        """One row per id, back on the rank that owns the sample, in the input's order."""
+        kjt = pending.kjt
         keys, per_key = kjt.keys(), kjt.length_per_key()
         rows = {}
-        for g in self._groups:
-            routed = g.stages.input_dist(kjt, sizes)
+        for i, g in enumerate(self._groups):
+            routed = pending.routed(i)
             looked = g.stages.lookup(routed)
             counts = [per_key[keys.index(f)] if f in keys else 0 for f, _ in g.routing.features]
             out = g.stages.output_dist(looked, routed, sum(counts), self._dtype)
