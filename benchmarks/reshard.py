@@ -27,6 +27,12 @@ fresh page's first touch costs about as much as its bytes on the wire), and ``co
 bytes a rank sends once, warm to warm (a swap that lands in the memory it leaves stages every send).
 ``ratio_vs_floor_plus_alloc_paired`` / ``ratio_vs_floor_plus_copy_paired`` divide by floor + each.
 
+Memory: ``peak_rss_mib_per_rank`` (every rank's peak RSS over the whole run, interpreter and torch
+included) next to ``held_mib_per_rank`` (the rank's shards, weights + state, in the larger of the two
+layouts) and ``held_during_reshard_mib_per_rank`` (that plus the new memory of the rebuilt stores and
+the message buffers: what a reshard must hold at its peak). The peak RSS also holds the
+benchmark's own floor buffers (three times the bytes a rank sends) and the alloc reference.
+
     .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
     .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
 
@@ -47,7 +53,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import emit, spawn  # noqa: E402
+from _launch import emit, rss_per_rank, spawn  # noqa: E402
 
 MOVES = ("tw_swap_all", "tw_swap", "cw_swap", "tw_to_rw", "rw_to_cw")
 TORCHREC_MOVES = ("tw_swap_all", "tw_swap", "cw_swap")
@@ -122,10 +128,22 @@ class _Floor:
         return time.perf_counter() - t0, time.process_time() - c0
 
 
+def all_gather_ints(n: int) -> list:
+    every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, torch.tensor([n]))
+    return [int(e) for e in every]
+
+
 def all_gather_max(n: int) -> int:
     t = torch.tensor([n])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def store_bytes(mod) -> int:
+    """Bytes of this rank's shards: weights and every optimizer-state tensor of its stores."""
+    return sum(t.numel() * t.element_size() for g in mod._groups for w in range(len(g.store.widths))
+               for t in (g.store.buffers[w], *g.store.states[w].values()))
 
 
 def run_ours(rank, world, args, move):
@@ -149,7 +167,9 @@ def run_ours(rank, world, args, move):
     floor = _Floor(stats.bytes_matrix, rank)
     most = all_gather_max(stats.bytes_allocated)
     first_touch = _Floor.touch(most) if most else 0.0   # the first reshard's new-memory bytes, written once
+    held_b = store_bytes(mod)
     reshard(mod, changes[1])           # the rest of the warm-up round trip
+    held = max(held_b, store_bytes(mod))
     times, cpu, floors, floor_cpu, fresh, touch, split, copies = [], [], [], [], [], [], [], []
     for i in range(2 * args.reps):
         # each reshard is followed by the floor in the same seconds: on a shared machine, load that
@@ -169,6 +189,11 @@ def run_ours(rank, world, args, move):
         most = all_gather_max(done.bytes_allocated)
         touch.append(_Floor.touch(most) if most else 0.0)
         copies.append(floor.copy())
+    # what a rank must hold: its shards in the larger of the two layouts, and during a reshard the old
+    # stores plus the new memory of the rebuilt ones plus the message buffers
+    during = held + max(a for _, a in split) + done.transient_bytes
+    rss = rss_per_rank(held)
+    rss["held_during_reshard_mib_per_rank"] = [round(n / (1 << 20), 1) for n in all_gather_ints(during)]
     ms = lambda xs: statistics.median(xs) * 1e3   # noqa: E731
     return {"ms": ms(times), "ms_each_way": [round(ms(times[0::2]), 1), round(ms(times[1::2]), 1)],
             "cpu_ms": ms(cpu), "floor_ms": ms(floors), "floor_cpu_ms": ms(floor_cpu),
@@ -179,7 +204,7 @@ def run_ours(rank, world, args, move):
             "paired_alloc": statistics.median(t / (f + a) for t, f, a in zip(times, floors, touch)),
             "bytes_reused": split[-2:], "first_split": [stats.bytes_reused, stats.bytes_allocated],
             "first_ms": first * 1e3, "first_floor_ms": floor.first * 1e3, "transient_bytes": stats.transient_bytes,
-            "tables_moved": len(stats.tables_moved)}
+            "tables_moved": len(stats.tables_moved), "rss": rss}
 
 
 def run_torch_dtensor(rank, world, args, move):
@@ -296,7 +321,9 @@ def main(argv=None) -> None:
                "copy_ms": round(ours["copy_ms"], 1), "ratio_vs_floor_plus_copy_paired": round(ours["paired_copy"], 3),
                "first_alloc_ms": round(ours["first_touch_ms"], 1),
                "first_ratio_vs_fresh_plus_alloc": round(
-                   ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3)}
+                   ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3),
+               # every rank's peak RSS over the whole run next to what it must hold (see run_ours)
+               **ours["rss"]}
         if move == "rw_to_cw":
             theirs = spawn(run_torch_dtensor, 2, args, move)["ms"]
             rec.update(torch_dtensor_ms=round(theirs, 1), ratio_vs_torch_dtensor=round(ours["ms"] / theirs, 3))

@@ -245,10 +245,10 @@ def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: Re
         return store.box_view(i, what)
     every = pieces + _kept_pieces(rebuilt, moved, topo.rank)
     kinds = state_kinds(module.fused_optimizer.rule)
-    moves = plan_moves(every, kinds, views, topo.rank, chunk)
+    moves = plan_moves(every, kinds, views, topo.rank, topo.world_size, module._dtype, chunk)
     if moves.conflicts:   # taken-over buffers the loop's order cannot protect: new memory for them
         release(rebuilt, moves.conflicts)
-        moves = plan_moves(every, kinds, views, topo.rank, chunk)
+        moves = plan_moves(every, kinds, views, topo.rank, topo.world_size, module._dtype, chunk)
     done = exchange(moves, topo.group, topo.device)
     stats.transient_bytes = done["transient_peak"]
     stats.bytes_reused, stats.bytes_allocated = memory_split(old_groups, rebuilt)
