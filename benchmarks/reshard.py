@@ -27,11 +27,12 @@ fresh page's first touch costs about as much as its bytes on the wire), and ``co
 bytes a rank sends once, warm to warm (a swap that lands in the memory it leaves stages every send).
 ``ratio_vs_floor_plus_alloc_paired`` / ``ratio_vs_floor_plus_copy_paired`` divide by floor + each.
 
-Memory: ``peak_rss_mib_per_rank`` (every rank's peak RSS over the whole run, interpreter and torch
-included) next to ``held_mib_per_rank`` (the rank's shards, weights + state, in the larger of the two
-layouts) and ``held_during_reshard_mib_per_rank`` (that plus the new memory of the rebuilt stores and
-the message buffers: what a reshard must hold at its peak). The peak RSS also holds the
-benchmark's own floor buffers (three times the bytes a rank sends) and the alloc reference.
+Memory, over the first reshard (the peak-RSS count restarts after the module is built and the
+unsharded tables are freed, ``peak_rss_reset``; the floors' buffers come later):
+``peak_rss_mib_per_rank`` next to ``rss_before_mib_per_rank`` (interpreter, torch, gloo and the
+shards before the first reshard), ``held_mib_per_rank`` (the rank's shards, weights + state, in the
+larger of the two layouts) and ``held_during_reshard_mib_per_rank`` (that plus the new memory of
+the rebuilt stores and the message buffers: what the first reshard must hold at its peak).
 
     .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
     .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
@@ -42,6 +43,7 @@ This file imports nothing from shardwise at module level: the TorchRec interpret
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -146,6 +148,25 @@ def store_bytes(mod) -> int:
                for t in (g.store.buffers[w], *g.store.states[w].values()))
 
 
+def rss_now() -> int:
+    """This process's resident set size now (Linux VmRSS), 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+    except (OSError, StopIteration):
+        return 0
+
+
+def reset_peak_rss() -> bool:
+    """Restart this process's peak-RSS count (Linux ``clear_refs``), so the peak is the reshard's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def run_ours(rank, world, args, move):
     import faulthandler
     import functools
@@ -159,17 +180,23 @@ def run_ours(rank, world, args, move):
     a, b = (_ours_plan(p) for p in plans(move, args.tables))
     mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
     changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
+    gc.collect()                       # the unsharded tables shard() copied from
+    base, reset, held_a = rss_now(), reset_peak_rss(), store_bytes(mod)   # the peak from here: the reshard
     dist.barrier()
     t0 = time.perf_counter()
     stats = reshard(mod, changes[0])   # the first reshard of the process: the one users meet
     dist.barrier()
     first = time.perf_counter() - t0
+    # memory of the first reshard, before the floors' buffers exist
+    held = max(held_a, store_bytes(mod))
+    during = held_a + stats.bytes_allocated + stats.transient_bytes
+    rss = rss_per_rank(held)
+    rss.update(peak_rss_reset=reset, rss_before_mib_per_rank=[round(n / (1 << 20), 1) for n in all_gather_ints(base)],
+               held_during_reshard_mib_per_rank=[round(n / (1 << 20), 1) for n in all_gather_ints(during)])
     floor = _Floor(stats.bytes_matrix, rank)
     most = all_gather_max(stats.bytes_allocated)
     first_touch = _Floor.touch(most) if most else 0.0   # the first reshard's new-memory bytes, written once
-    held_b = store_bytes(mod)
     reshard(mod, changes[1])           # the rest of the warm-up round trip
-    held = max(held_b, store_bytes(mod))
     times, cpu, floors, floor_cpu, fresh, touch, split, copies = [], [], [], [], [], [], [], []
     for i in range(2 * args.reps):
         # each reshard is followed by the floor in the same seconds: on a shared machine, load that
@@ -189,11 +216,6 @@ def run_ours(rank, world, args, move):
         most = all_gather_max(done.bytes_allocated)
         touch.append(_Floor.touch(most) if most else 0.0)
         copies.append(floor.copy())
-    # what a rank must hold: its shards in the larger of the two layouts, and during a reshard the old
-    # stores plus the new memory of the rebuilt ones plus the message buffers
-    during = held + max(a for _, a in split) + done.transient_bytes
-    rss = rss_per_rank(held)
-    rss["held_during_reshard_mib_per_rank"] = [round(n / (1 << 20), 1) for n in all_gather_ints(during)]
     ms = lambda xs: statistics.median(xs) * 1e3   # noqa: E731
     return {"ms": ms(times), "ms_each_way": [round(ms(times[0::2]), 1), round(ms(times[1::2]), 1)],
             "cpu_ms": ms(cpu), "floor_ms": ms(floors), "floor_cpu_ms": ms(floor_cpu),
