@@ -3,9 +3,9 @@
 The whole move is planned from shard boxes that every rank knows: the overlap of each table's old
 and new boxes gives a list of pieces (table, source rank, destination rank, rectangle). Pieces whose
 source and destination are the same rank are copied locally; the rest cross the wire in rounds of
-bounded messages (``executor``: one all-to-all per round), carrying weights and every optimizer-state buffer of the moved
-tables. Only the sharding-type groups that gain or lose a table are rebuilt, into new stores; the
-others are left alone.
+bounded messages (``executor``: one all-to-all per round), carrying weights and every
+optimizer-state buffer of the moved tables. Only the sharding-type groups that gain or lose a table
+are rebuilt, into new stores; the others are left alone.
 
 Example:
     >>> stats = reshard(sharded, {"t0": row_wise(), "t1": table_wise(1)})   # doctest: +SKIP
