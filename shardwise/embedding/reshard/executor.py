@@ -2,13 +2,14 @@
 
 What crosses the wire (weights and every optimizer-state tensor of the moved rows) is cut, per
 (source, destination) pair, into messages of at most ``chunk_bytes``, in the order of the shared
-piece list, so both ends cut alike. Rounds go by distance: for d = 1 .. world-1, message m of every
-pair (r -> r+d) travels in one round, one ``all_to_all_single`` with split sizes (gloo's point-to-point
-path is about 1.3x slower than its all-to-all for the same bytes; NCCL runs the same code). Every rank
-computes the same round list from the shared pieces, so each round is one collective on every rank.
-In a round a rank sends to one peer and receives from one, so a message that is one contiguous view
-goes straight from the old store or into the new store; anything else -- column slices, several
-small pieces -- is packed into a round buffer or unpacked from one.
+piece list, so both ends cut alike. Rounds go by pairings: the ranks are paired off so that every
+two meet once (a round-robin tournament), and message m of both directions of every pair of a
+pairing travels in one round, one ``all_to_all_single`` with split sizes (gloo's point-to-point path
+took about 1.3x its all-to-all for the same bytes; NCCL runs the same code). Every rank computes the
+same round list from the shared pieces, so each round is one collective on every rank. In a round a
+rank exchanges with one peer only, so a message that is one contiguous view goes straight from the
+old store or into the new store; anything else -- column slices, several small pieces -- is packed
+into a round buffer or unpacked from one.
 
 Two rounds are on the wire at once: round k+1 is packed and posted before round k is waited for and
 unpacked, so the wire never idles between rounds. The round buffers are two per direction (one per
@@ -213,16 +214,30 @@ def _items(pieces: list, kinds: list, me: int, views, dtype) -> tuple[dict, list
     return pairs, local
 
 
+def _pairings(world: int) -> list:
+    """The ranks paired off, world-1 times (world times for an odd world, one rank idle each time),
+    so that every two ranks meet once: a round-robin tournament (circle method)."""
+    n = world + world % 2
+    out = []
+    for i in range(n - 1):
+        pairs = [(i, n - 1)] + [((i + k) % (n - 1), (i - k) % (n - 1)) for k in range(1, n // 2)]
+        out.append([(a, b) for a, b in pairs if a < world and b < world])
+    return out
+
+
 def _rounds(pairs: dict, me: int, world: int, chunk_bytes: int) -> list:
     """[(sends {peer: Message}, receives {peer: Message})] per round, the same list of rounds on every
-    rank: for each distance d, as many rounds as the longest pair (r -> r+d) has messages."""
+    rank: per pairing, as many rounds as its longest direction has messages; message m of both
+    directions of every pair travels in round m (a swap's two directions together)."""
     rounds: list = []
-    for d in range(1, world):
-        cuts = [cut_messages(pairs.get((r, (r + d) % world), []), chunk_bytes) for r in range(world)]
-        to, frm = (me + d) % world, (me - d) % world
-        for m in range(max(len(c) for c in cuts)):
-            rounds.append(({to: cuts[me][m]} if m < len(cuts[me]) else {},
-                           {frm: cuts[frm][m]} if m < len(cuts[frm]) else {}))
+    for pairing in _pairings(world):
+        cuts = {(a, b): cut_messages(pairs.get((a, b), []), chunk_bytes) for x, y in pairing
+                for a, b in ((x, y), (y, x))}
+        peer = next((b for a, b in cuts if a == me), None)
+        for m in range(max((len(c) for c in cuts.values()), default=0)):
+            out = cuts.get((me, peer), [])
+            into = cuts.get((peer, me), [])
+            rounds.append(({peer: out[m]} if m < len(out) else {}, {peer: into[m]} if m < len(into) else {}))
     return rounds
 
 

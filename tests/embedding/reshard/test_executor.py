@@ -139,7 +139,7 @@ def fan_out(rank, world, chunk):
 
 
 def test_round_buffers_do_not_grow_with_the_number_of_peers():
-    # rounds go by distance: a rank sends to one peer and receives from one per round, so it holds
+    # rounds go by pairings: a rank exchanges with one peer per round, so it holds
     # at most two rounds x two directions of buffers however many peers it exchanges with
     # (every row here is narrower than the chunk, so no message exceeds it; the previous executor,
     # one round buffer per peer, held 344 bytes here)
