@@ -10,7 +10,6 @@ embedding lookup per id and a sequence output dist that returns the rows in the 
 
 from __future__ import annotations
 
-from ..sparse import KeyedJaggedTensor
 from .collection.embedding_collection import EmbeddingCollection, check_sequence_features, sequence_output
 from .sharded_collection import ShardedEmbeddingBagCollection
 from .sharding.sequence import build_sequence
