@@ -15,7 +15,8 @@ would cost before any work of its own; it has no real backward).
 Times are this thread's CPU time (``time.thread_time``): none of these calls communicates, and on a
 machine shared with other jobs wall time mostly measures the scheduler. A last pair of lines times
 a small training step on each (4 x ``relu(h @ w)``, Replicate 64x64 weights, Shard(0) batch):
-forward alone and forward + ``autograd.grad``, where backward ops go through dispatch too.
+forward alone and forward + ``autograd.grad``, where backward ops go through dispatch too. A last
+line gives every rank's peak RSS next to the bytes it must hold.
 
     python benchmarks/dispatch.py
 """
@@ -29,7 +30,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _launch import emit, spawn, time_us  # noqa: E402
+from _launch import emit, rss_per_rank, spawn, time_us  # noqa: E402
 
 _CPU = time.thread_time
 
@@ -112,6 +113,10 @@ def _bench(rank, world):
             ratios = sorted(r[key] for r in rows if r["mode"] == mode and key in r)
             summary[f"median_ratio_{what}/torch-DTensor"] = ratios[len(ratios) // 2]
         rows.append(summary)
+    # What a rank must hold here is a few 64x64 operands; the peak is the interpreter, torch and the
+    # two DTensor implementations' caches.
+    held = 4 * 64 * 64 * 4 * 3
+    rows.append({"bench": "dispatch", "config": "memory", "world": world, **rss_per_rank(held)})
     return rows
 
 

@@ -27,6 +27,13 @@ fresh page's first touch costs about as much as its bytes on the wire), and ``co
 bytes a rank sends once, warm to warm (a swap that lands in the memory it leaves stages every send).
 ``ratio_vs_floor_plus_alloc_paired`` / ``ratio_vs_floor_plus_copy_paired`` divide by floor + each.
 
+Memory, over the first reshard (the peak-RSS count restarts after the module is built and the
+unsharded tables are freed, ``peak_rss_reset``; the floors' buffers come later):
+``peak_rss_mib_per_rank`` next to ``rss_before_mib_per_rank`` (interpreter, torch, gloo and the
+shards before the first reshard), ``held_mib_per_rank`` (the rank's shards, weights + state, in the
+larger of the two layouts) and ``held_during_reshard_mib_per_rank`` (that plus the new memory of
+the rebuilt stores and the message buffers: what the first reshard must hold at its peak).
+
     .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
     .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
 
@@ -36,6 +43,7 @@ This file imports nothing from shardwise at module level: the TorchRec interpret
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -47,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import emit, spawn  # noqa: E402
+from _launch import emit, rss_per_rank, spawn  # noqa: E402
 
 MOVES = ("tw_swap_all", "tw_swap", "cw_swap", "tw_to_rw", "rw_to_cw")
 TORCHREC_MOVES = ("tw_swap_all", "tw_swap", "cw_swap")
@@ -122,10 +130,41 @@ class _Floor:
         return time.perf_counter() - t0, time.process_time() - c0
 
 
+def all_gather_ints(n: int) -> list:
+    every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, torch.tensor([n]))
+    return [int(e) for e in every]
+
+
 def all_gather_max(n: int) -> int:
     t = torch.tensor([n])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return int(t.item())
+
+
+def store_bytes(mod) -> int:
+    """Bytes of this rank's shards: weights and every optimizer-state tensor of its stores."""
+    return sum(t.numel() * t.element_size() for g in mod._groups for w in range(len(g.store.widths))
+               for t in (g.store.buffers[w], *g.store.states[w].values()))
+
+
+def rss_now() -> int:
+    """This process's resident set size now (Linux VmRSS), 0 where unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
+    except (OSError, StopIteration):
+        return 0
+
+
+def reset_peak_rss() -> bool:
+    """Restart this process's peak-RSS count (Linux ``clear_refs``), so the peak is the reshard's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def run_ours(rank, world, args, move):
@@ -141,11 +180,19 @@ def run_ours(rank, world, args, move):
     a, b = (_ours_plan(p) for p in plans(move, args.tables))
     mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
     changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
+    gc.collect()                       # the unsharded tables shard() copied from
+    base, reset, held_a = rss_now(), reset_peak_rss(), store_bytes(mod)   # the peak from here: the reshard
     dist.barrier()
     t0 = time.perf_counter()
     stats = reshard(mod, changes[0])   # the first reshard of the process: the one users meet
     dist.barrier()
     first = time.perf_counter() - t0
+    # memory of the first reshard, before the floors' buffers exist
+    held = max(held_a, store_bytes(mod))
+    during = held_a + stats.bytes_allocated + stats.transient_bytes
+    rss = rss_per_rank(held)
+    rss.update(peak_rss_reset=reset, rss_before_mib_per_rank=[round(n / (1 << 20), 1) for n in all_gather_ints(base)],
+               held_during_reshard_mib_per_rank=[round(n / (1 << 20), 1) for n in all_gather_ints(during)])
     floor = _Floor(stats.bytes_matrix, rank)
     most = all_gather_max(stats.bytes_allocated)
     first_touch = _Floor.touch(most) if most else 0.0   # the first reshard's new-memory bytes, written once
@@ -179,7 +226,7 @@ def run_ours(rank, world, args, move):
             "paired_alloc": statistics.median(t / (f + a) for t, f, a in zip(times, floors, touch)),
             "bytes_reused": split[-2:], "first_split": [stats.bytes_reused, stats.bytes_allocated],
             "first_ms": first * 1e3, "first_floor_ms": floor.first * 1e3, "transient_bytes": stats.transient_bytes,
-            "tables_moved": len(stats.tables_moved)}
+            "tables_moved": len(stats.tables_moved), "rss": rss}
 
 
 def run_torch_dtensor(rank, world, args, move):
@@ -296,7 +343,9 @@ def main(argv=None) -> None:
                "copy_ms": round(ours["copy_ms"], 1), "ratio_vs_floor_plus_copy_paired": round(ours["paired_copy"], 3),
                "first_alloc_ms": round(ours["first_touch_ms"], 1),
                "first_ratio_vs_fresh_plus_alloc": round(
-                   ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3)}
+                   ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3),
+               # every rank's peak RSS over the whole run next to what it must hold (see run_ours)
+               **ours["rss"]}
         if move == "rw_to_cw":
             theirs = spawn(run_torch_dtensor, 2, args, move)["ms"]
             rec.update(torch_dtensor_ms=round(theirs, 1), ratio_vs_torch_dtensor=round(ours["ms"] / theirs, 3))

@@ -218,8 +218,12 @@ class ShardedEmbeddingBagCollection(nn.Module):
         pending.advance()
         if pending.bad_ranks:
             self._raise_everywhere(pending.problem, pending.bad_ranks)
+        self._lookup_counter.sample(pending.kjt)   # the load that feeds rebalancing (every k-th forward)
+        return self._lookup_pending(pending)
+
+    def _lookup_pending(self, pending: PendingInput) -> KeyedTensor:
+        """Look up a checked batch whose ids arrived and send the pooled rows back to their samples."""
         kjt, batch, sizes = pending.kjt, pending.batch, pending.sizes
-        self._lookup_counter.sample(kjt)
         blocks: dict = {}
         for i, g in enumerate(self._groups):
             routed = pending.routed(i)

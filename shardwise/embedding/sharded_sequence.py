@@ -10,7 +10,6 @@ embedding lookup per id and a sequence output dist that returns the rows in the 
 
 from __future__ import annotations
 
-from ..sparse import KeyedJaggedTensor
 from .collection.embedding_collection import EmbeddingCollection, check_sequence_features, sequence_output
 from .sharded_collection import ShardedEmbeddingBagCollection
 from .sharding.sequence import build_sequence
@@ -39,6 +38,7 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     def __init__(self, ec: EmbeddingCollection, plan: dict, topo: Topology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
         super().__init__(ec, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)
+        self._need_indices = ec.need_indices()  # each output's weights are its feature's ids
 
     def _make_stages(self, sharder, routing, store):
         return build_sequence(sharder, routing, self._topo, store, self._anchor, self._dtype)
@@ -55,16 +55,20 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     def feature_names(self) -> list[str]:
         return list(self._features)
 
-    def forward(self, kjt: KeyedJaggedTensor) -> dict:
-        kjt, _, sizes = self._agree_batch(kjt)
-        self._lookup_counter.sample(kjt)   # the load that feeds rebalancing (every k-th forward)
+    def need_indices(self) -> bool:
+        return self._need_indices
+
+    def _lookup_pending(self, pending) -> dict:
+        """One row per id, back on the rank that owns the sample, in the input's order."""
+        kjt = pending.kjt
         keys, per_key = kjt.keys(), kjt.length_per_key()
         rows = {}
-        for g in self._groups:
-            routed = g.stages.input_dist(kjt, sizes)
+        for i, g in enumerate(self._groups):
+            routed = pending.routed(i)
             looked = g.stages.lookup(routed)
             counts = [per_key[keys.index(f)] if f in keys else 0 for f, _ in g.routing.features]
             out = g.stages.output_dist(looked, routed, sum(counts), self._dtype)
             for (f, _), part in zip(g.routing.features, out.split(counts)):
                 rows[f] = part
-        return sequence_output(self._features, kjt, rows, self.embedding_dim(), self._dtype, self._topo.device)
+        return sequence_output(self._features, kjt, rows, self.embedding_dim(), self._dtype, self._topo.device,
+                               self._need_indices)

@@ -43,12 +43,12 @@ def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
     return offsets
 
 
-def _check_weights(values: torch.Tensor, weights, what: str) -> None:
+def _check_weights(values: torch.Tensor, weights, what: str, float_weights: bool) -> None:
     if not isinstance(weights, torch.Tensor) or weights.dim() != 1 or weights.shape[0] != values.shape[0]:
         got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
         raise ValueError(f"{what}: weights must have one entry per value ({values.shape[0]}), got {got}; "
                          f"pass one weight per id")
-    if not weights.dtype.is_floating_point and weights.numel():
+    if float_weights and not weights.dtype.is_floating_point and weights.numel():
         # embedding_bag multiplies rows by them: integer weights fail (or truncate) deep in the lookup
         raise TypeError(f"{what}: weights must have a floating-point dtype, got {weights.dtype}; cast them "
                         f"with .float()")
@@ -61,11 +61,12 @@ def check_jagged(
     weights: Optional[torch.Tensor],
     what: str,
     values_1d: bool = True,
+    float_weights: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate a (values, lengths | offsets, weights) triple; return (lengths, offsets) as int64.
 
     The bags run along dim 0 of ``values``; ``values_1d=False`` allows trailing dims (e.g. [N, D]
-    embeddings per id).
+    embeddings per id). ``float_weights=False`` admits integer weights (an output's ids).
     """
     if not isinstance(values, torch.Tensor) or values.dim() == 0 or (values_1d and values.dim() != 1):
         raise TypeError(f"{what}: values must be a 1-D tensor, got {type(values).__name__}"
@@ -115,7 +116,7 @@ def check_jagged(
         raise ValueError(f"{what}: {given} {total} but there are {values.shape[0]} values; "
                          f"the lengths must add up to the number of values")
     if weights is not None:
-        _check_weights(values, weights, what)
+        _check_weights(values, weights, what, float_weights)
     return lengths, offsets
 
 
@@ -205,8 +206,10 @@ class JaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
 
     def __init__(self, values: torch.Tensor, weights: Optional[torch.Tensor] = None,
                  lengths: Optional[torch.Tensor] = None, offsets: Optional[torch.Tensor] = None):
+        # integer weights are admitted here (not on a KeyedJaggedTensor, whose weights scale lookups):
+        # EmbeddingCollection(need_indices=True) returns the ids as its output's weights, as TorchRec
         self._lengths, self._offsets = check_jagged(values, lengths, offsets, weights, "JaggedTensor",
-                                                    values_1d=False)
+                                                    values_1d=False, float_weights=False)
         self._values = values
         self._weights = weights
         self._lengths_given, self._offsets_given = lengths is not None, offsets is not None

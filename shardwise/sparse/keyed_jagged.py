@@ -48,6 +48,14 @@ def _check_cache(name: str, given, computed) -> None:
                          f"drop {name} (it is computed) or fix it")
 
 
+def _meta_length_per_key(total: int, n_keys: int) -> list[int]:
+    # a meta KJT has no lengths to read: the values split as evenly as they go, the remainder to the
+    # first key (TorchRec's stand-in), so shape-only code (model init, tracing) can run on it
+    out = [total // n_keys] * n_keys
+    out[0] += total % n_keys
+    return out
+
+
 class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
     """Bags of ids for several features over one batch.
 
@@ -193,6 +201,8 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
             per_key = self._strides.per_key
             if not self._keys:
                 self._length_per_key = []
+            elif self._lengths.is_meta:
+                self._length_per_key = _meta_length_per_key(self._values.numel(), len(self._keys))
             elif self._strides.variable:
                 self._length_per_key = [int(t.sum()) for t in torch.split(self._lengths, per_key)]
             else:

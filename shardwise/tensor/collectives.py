@@ -43,8 +43,13 @@ def _explained(kind: str, mesh: DeviceMesh, mesh_dim: int):
         ) from e
 
 
+_get_dispatch_mode = torch._C._get_dispatch_mode
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
+
+
 class CollectiveCounter:
-    """Counts collectives issued through this module (a test and benchmark aid).
+    """Counts collectives issued through this module (a test and benchmark aid). Collectives a
+    torch.compile'd graph runs are not seen (nor counted while it is traced on fake tensors).
 
     >>> with CollectiveCounter() as c:  # doctest: +SKIP
     ...     y = x.redistribute(mesh, [Replicate()])
@@ -71,6 +76,9 @@ class CollectiveCounter:
 
     @staticmethod
     def record(kind: str, donated: bool = False) -> None:
+        # under fake tensors (torch.compile tracing) nothing is issued: the compiled graph runs it later
+        if not CollectiveCounter._active or _get_dispatch_mode(_FAKE) is not None:
+            return
         for c in CollectiveCounter._active:
             c.counts[kind] = c.counts.get(kind, 0) + 1
             c.donated += donated

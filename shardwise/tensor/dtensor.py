@@ -172,6 +172,26 @@ class DTensor(torch.Tensor):
         spec = DTensorSpec(spec.mesh, spec.placements, outer_size, outer_stride, spec.dtype)
         return DTensor(inner["_local_tensor"], spec, requires_grad=requires_grad)
 
+    @classmethod
+    def __metadata_guard__(cls, saved, now) -> bool:
+        # torch.compile's guard keeps a deep copy of the metadata, so the mesh is compared by value (a
+        # spec compares it by identity); sizes and strides are guarded on the outer tensor already
+        (a, grad_a), (b, grad_b) = saved, now
+        return grad_a == grad_b and a.placements == b.placements and a.dtype == b.dtype and a.mesh == b.mesh
+
+    def __coerce_tangent_metadata__(self):
+        # the layout a compiled backward expects its incoming gradient in: a pending sum's gradient is
+        # replicated (what .full_tensor()'s backward gives), so the backward needs no collective for it
+        if not any(isinstance(p, Partial) for p in self._spec.placements):
+            return self
+        return self.redistribute(self.device_mesh, _grad_placements(self._spec.placements))
+
+    def __coerce_same_metadata_as_tangent__(self, expected, expected_type=None):
+        # a gradient arriving in another layout than the compiled backward expects: move it, same value
+        if expected_type is not None and expected_type is not DTensor:
+            return None
+        return self.redistribute(self.device_mesh, expected[0].placements)
+
     # torch.distributed.checkpoint protocol (see checkpoint.py)
     def __create_write_items__(self, fqn: str, obj) -> list:
         from .interop.checkpoint import write_items

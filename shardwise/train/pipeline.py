@@ -83,7 +83,7 @@ def _sharded_in(model) -> ShardedEmbeddingBagCollection:
         if isinstance(model, torch.nn.Module) else []
     if len(found) != 1:
         raise ValueError(f"TrainPipeline: the model holds {len(found)} sharded embedding collections, it needs "
-                         f"exactly one; pass sharded=<the ShardedEmbeddingBagCollection> (one per pipeline)")
+                         f"exactly one; pass sharded=<the sharded collection> (one per pipeline)")
     return found[0]
 
 
@@ -95,7 +95,8 @@ class _Slot:
 
 
 class TrainPipeline:
-    """Train a model whose sparse part is one :class:`ShardedEmbeddingBagCollection`, the next
+    """Train a model whose sparse part is one sharded collection (a :class:`ShardedEmbeddingBagCollection`
+    or its subclass ``ShardedEmbeddingCollection``), the next
     batch's input dist overlapping the current batch's compute.
 
     ``model(batch)`` returns ``(loss, output)``; each call of :meth:`progress` runs ``loss.backward()``
@@ -118,11 +119,9 @@ class TrainPipeline:
         self.model, self.optimizer, self._step = model, optimizer, step
         self.sharded = sharded if sharded is not None else _sharded_in(model)
         if not isinstance(self.sharded, ShardedEmbeddingBagCollection):
-            raise TypeError(f"TrainPipeline: sharded= must be a ShardedEmbeddingBagCollection, got "
+            raise TypeError(f"TrainPipeline: sharded= must be a ShardedEmbeddingBagCollection or "
+                            f"ShardedEmbeddingCollection, got "
                             f"{type(self.sharded).__name__}")
-        if type(self.sharded).forward is not ShardedEmbeddingBagCollection.forward:
-            raise TypeError(f"TrainPipeline: a {type(self.sharded).__name__} has its own forward, which does not "
-                            f"take a prefetched batch yet; train it with a plain loop")
         self.kjt_of = kjt_of or find_kjt
         self.device = device if device is not None else self.sharded._topo.device
         self._next: Optional[_Slot] = None

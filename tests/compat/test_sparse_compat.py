@@ -238,3 +238,26 @@ def test_fx_trace_of_a_model_with_an_embedding_bag_collection():
     want = model.over(torch.cat([pooled["user"] * pooled["item"], pooled["user"]], dim=1))
     torch.testing.assert_close(gm(kjt), want)
     torch.testing.assert_close(gm(kjt), model(kjt))
+
+
+def test_meta_kjt_supports_shape_only_code_like_torchrec():
+    # on the meta device nothing can be read: per-key sizes are TorchRec's stand-in (the values split
+    # as evenly as they go, the remainder to the first key); everything shape-only runs
+    keys, values, weights, lengths = _flat()
+    real = KeyedJaggedTensor(keys, values.float(), weights, lengths)
+    meta = KeyedJaggedTensor(keys, values.float().to("meta"), weights.to("meta"), lengths.to("meta"))
+    assert meta.sync().length_per_key() == [4, 4]  # 8 values over 2 keys (the real split is [3, 5])
+    assert sum(meta.length_per_key()) == meta.values().numel() == real.values().numel()
+    assert meta.offset_per_key() == [0, 4, 8] and meta.unsync().length_per_key_or_none() is None
+    jts = meta.to_dict()
+    assert list(jts) == keys and all(jt.values().is_meta and jt.weights().is_meta for jt in jts.values())
+    assert [jt.values().shape[0] for jt in jts.values()] == [4, 4]
+    again = KeyedJaggedTensor.from_jt_dict(jts)
+    assert again.keys() == keys and again.values().is_meta and again.stride() == real.stride()
+    odd = KeyedJaggedTensor(keys + ["x"], torch.zeros(8, device="meta"),
+                            lengths=torch.zeros(9, dtype=torch.long, device="meta"))
+    assert odd.length_per_key() == [4, 2, 2]
+    empty = KeyedJaggedTensor.from_lengths_sync([], torch.tensor([], device="meta"),
+                                                lengths=torch.tensor([], device="meta"))
+    assert empty.length_per_key() == []
+    assert real.length_per_key() == [3, 5]  # real values: read from the lengths

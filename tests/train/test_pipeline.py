@@ -172,3 +172,40 @@ def test_no_all_gather_of_batch_sizes_per_step():
     # lengths + ids all-to-all, the pooled output all-to-all; no all-gather
     calls = run_on_ranks(_collectives_per_forward, 2, "row_wise")[0]
     assert calls == ["all_to_all_single"] * 3, calls
+
+
+def _pipelined_sequence(rank, world, plan_name):
+    """A ShardedEmbeddingCollection through the pipeline (a reshard after step 2) against the
+    unsharded module trained in plain PyTorch on the global batch."""
+    from ..embedding.sequence import common as seq
+
+    steps = 4
+    ref = seq.reference_train(seq.make_ec(seed=2), seq.ADAGRAD, world, steps)
+    sharded = shard(seq.make_ec(seed=2), seq.plans(world)[plan_name], mesh=worker_mesh((world,)),
+                    optimizer=seq.ADAGRAD)
+    done, prefetched = [], []
+
+    def step(batch):
+        kjt, i = batch
+        pre = sharded._prefetched
+        prefetched.append(pre is not None and pre.source is kjt)
+        seq.loss_fn(sharded(kjt), i, rank).backward()
+        done.append(i)
+        if i == 1:
+            sharded.reshard(seq.plans(world)["mixed2"])
+
+    pipe = TrainPipeline(step=step, sharded=sharded)
+    it = iter([(seq.rank_batches(world, i)[rank], i) for i in range(steps)])
+    while True:
+        try:
+            pipe.progress(it)
+        except StopIteration:
+            break
+    return done, prefetched, seq.max_diff(seq.full_weights(sharded), ref)
+
+
+@pytest.mark.parametrize("plan_name", ["mixed", "data_parallel"])
+def test_pipelined_embedding_collection_equals_the_unsharded_module(plan_name):
+    for rank, (done, prefetched, err) in enumerate(run_on_ranks(_pipelined_sequence, 2, plan_name, timeout=300)):
+        assert done == [0, 1, 2, 3] and prefetched == [True] * 4, (rank, done, prefetched)
+        assert err <= 1e-5, (rank, plan_name, err)

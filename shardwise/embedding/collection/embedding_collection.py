@@ -40,20 +40,25 @@ def check_sequence_features(kjt: KeyedJaggedTensor, known: Sequence[str]) -> Non
 
 
 def sequence_output(features: Sequence[str], kjt: KeyedJaggedTensor, rows: dict, dim: int, dtype,
-                    device) -> dict:
+                    device, need_indices: bool = False) -> dict:
     """``{feature: JaggedTensor}`` in config order from ``rows[feature]`` ([ids, dim], the input's id
-    order); a feature absent from the batch gets no ids (``batch`` empty bags)."""
+    order); a feature absent from the batch gets no ids (``batch`` empty bags). ``need_indices``: each
+    output's weights are its feature's ids (TorchRec's ``need_indices=True``)."""
     out, present = {}, kjt.keys()
     for f in features:
+        ids = None
         if f in present:
             jt = kjt[f]
-            lengths = jt.lengths()
+            lengths, ids = jt.lengths(), jt.values()
         else:
             lengths = torch.zeros(kjt.stride(), dtype=torch.int64, device=device)
         values = rows.get(f)
         if values is None:
             values = torch.zeros(0, dim, dtype=dtype, device=device)
-        out[f] = JaggedTensor(values, lengths=lengths.to(values.device))
+        if need_indices and ids is None:
+            ids = torch.zeros(0, dtype=kjt.values().dtype, device=values.device)
+        weights = ids.to(values.device) if need_indices else None
+        out[f] = JaggedTensor(values, weights, lengths=lengths.to(values.device))
     return out
 
 
@@ -66,8 +71,8 @@ class EmbeddingCollection(nn.Module):
     collection's (:mod:`~shardwise.embedding.collection.init`); ``device="meta"`` holds no storage and
     :func:`~shardwise.embedding.shard` then materialises each rank's own shards only. A feature absent
     from the batch gets empty bags (TorchRec raises KeyError); weights on the batch are ignored, as in
-    TorchRec. TorchRec's ``need_indices=True`` (the ids as the output's int weights) is refused: our
-    JaggedTensor weights are floating point; read the ids from the input KJT instead.
+    TorchRec. ``need_indices=True`` returns each feature's ids as its output JaggedTensor's weights, as
+    TorchRec's does.
 
     Example:
         >>> ec = EmbeddingCollection([EmbeddingConfig(100, 8, "t", feature_names=["f"])])
@@ -83,11 +88,9 @@ class EmbeddingCollection(nn.Module):
         if not isinstance(init_seed, int) or isinstance(init_seed, bool):
             raise TypeError(f"init_seed={init_seed!r} must be an int")
         self.init_seed = init_seed
-        if need_indices:
-            raise ValueError("need_indices=True (TorchRec: each feature's ids as its output JaggedTensor's weights) "
-                             "is not supported: shardwise's JaggedTensor weights are floating point; leave it False "
-                             "and read the ids from the input, kjt[feature].values()")
-        self._need_indices = False
+        if not isinstance(need_indices, bool):
+            raise TypeError(f"need_indices={need_indices!r} must be a bool")
+        self._need_indices = need_indices
         embeddings = {}
         for t in self._tables:
             emb = nn.Embedding(t.num_embeddings, t.embedding_dim, device=device,
@@ -138,4 +141,5 @@ class EmbeddingCollection(nn.Module):
                 if f in present:
                     rows[f] = F.embedding(kjt[f].values(), weight)
         first = self.embeddings[self._tables[0].name].weight
-        return sequence_output(self.feature_names(), kjt, rows, self.embedding_dim(), first.dtype, first.device)
+        return sequence_output(self.feature_names(), kjt, rows, self.embedding_dim(), first.dtype, first.device,
+                               self._need_indices)

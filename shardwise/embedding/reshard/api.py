@@ -3,9 +3,9 @@
 The whole move is planned from shard boxes that every rank knows: the overlap of each table's old
 and new boxes gives a list of pieces (table, source rank, destination rank, rectangle). Pieces whose
 source and destination are the same rank are copied locally; the rest cross the wire in rounds of
-bounded messages (``executor``), carrying weights and every optimizer-state buffer of the moved
-tables. Only the sharding-type groups that gain or lose a table are rebuilt, into new stores; the
-others are left alone.
+bounded messages (``executor``: one all-to-all per round), carrying weights and every
+optimizer-state buffer of the moved tables. Only the sharding-type groups that gain or lose a table
+are rebuilt, into new stores; the others are left alone.
 
 Example:
     >>> stats = reshard(sharded, {"t0": row_wise(), "t1": table_wise(1)})   # doctest: +SKIP
@@ -245,10 +245,10 @@ def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: Re
         return store.box_view(i, what)
     every = pieces + _kept_pieces(rebuilt, moved, topo.rank)
     kinds = state_kinds(module.fused_optimizer.rule)
-    moves = plan_moves(every, kinds, views, topo.rank, chunk)
+    moves = plan_moves(every, kinds, views, topo.rank, topo.world_size, module._dtype, chunk)
     if moves.conflicts:   # taken-over buffers the loop's order cannot protect: new memory for them
         release(rebuilt, moves.conflicts)
-        moves = plan_moves(every, kinds, views, topo.rank, chunk)
+        moves = plan_moves(every, kinds, views, topo.rank, topo.world_size, module._dtype, chunk)
     done = exchange(moves, topo.group, topo.device)
     stats.transient_bytes = done["transient_peak"]
     stats.bytes_reused, stats.bytes_allocated = memory_split(old_groups, rebuilt)
@@ -268,8 +268,8 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None,
 
     Memory: the rebuilt sharding-type groups get new stores (the old ones are freed when the move
     ends; a new buffer takes over an old one of the same shape when the move's order allows, see
-    ``stats.bytes_reused``); beyond those, the move holds at most two rounds of message buffers of ``chunk_bytes`` per
-    peer and direction (``stats.transient_bytes``), whatever the size of the move.
+    ``stats.bytes_reused``); beyond those, the move holds at most four message buffers of ``chunk_bytes``
+    (two rounds on the wire x two directions, ``stats.transient_bytes``), whatever the size of the move.
 
     Example:
         >>> stats = reshard(sharded, {"t0": table_wise(1)})      # doctest: +SKIP

@@ -2,22 +2,27 @@
 
 What crosses the wire (weights and every optimizer-state tensor of the moved rows) is cut, per
 (source, destination) pair, into messages of at most ``chunk_bytes``, in the order of the shared
-piece list, so both ends cut alike. Message k of every pair travels in round k: one
-``batch_isend_irecv`` per round, on gloo and NCCL alike. A message that is one contiguous view on
-its side goes straight from the old store (send) or into the new store (receive); anything else --
-column slices, several small pieces -- is packed into a round buffer or unpacked from one.
+piece list, so both ends cut alike. Rounds go by pairings: the ranks are paired off so that every
+two meet once (a round-robin tournament), and message m of both directions of every pair of a
+pairing travels in one round, one ``all_to_all_single`` with split sizes (gloo's point-to-point path
+took about 1.3x its all-to-all for the same bytes; NCCL runs the same code). Every rank computes the
+same round list from the shared pieces, so each round is one collective on every rank. In a round a
+rank exchanges with one peer only, so a message that is one contiguous view goes straight from the
+old store or into the new store; anything else -- column slices, several small pieces -- is packed
+into a round buffer or unpacked from one.
 
-Round k+1 is packed while round k is on the wire, and round k is unpacked while round k+1 is, so at
-most two rounds of buffers exist at once: transient memory is bounded by 2 rounds x 2 directions x
-peers x ``chunk_bytes`` whatever the size of the move. No helper thread: the order of the calls below
-is the whole schedule.
+Two rounds are on the wire at once: round k+1 is packed and posted before round k is waited for and
+unpacked, so the wire never idles between rounds. The round buffers are two per direction (one per
+round parity), allocated once per move: transient memory is at most 2 rounds x 2 directions x
+``chunk_bytes`` whatever the size of the move. No helper thread: the order of the calls in
+:func:`exchange` is the whole schedule.
 
 A new store may take over an old buffer of the same shape (``reuse.py``: kept boxes then stay where
 they are and received rows land in memory already faulted in). A write into such a buffer must come
 after every read of the old bytes under it; :func:`plan_moves` checks this against the fixed order of
-the loop (a send whose region is received into in the same round is packed first, so it reads before
-the round is posted; a local copy reading received-into memory runs before round 0) and reports the
-buffers where the order cannot hold (``Moves.conflicts``): the caller gives those fresh memory.
+the loop (a send whose region is received into while it is on the wire is packed first, so it reads
+before the round is posted; a local copy reading received-into memory runs before round 0) and reports
+the buffers where the order cannot hold (``Moves.conflicts``): the caller gives those fresh memory.
 
 Example (the cut is plain data; pieces from :func:`~shardwise.embedding.reshard.pieces.plan_pieces`):
     >>> import torch
@@ -36,12 +41,15 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .pieces import cut, piece_numel
+from .pieces import cut, itemsize, piece_numel
 
 __all__ = ["CHUNK_BYTES", "Item", "Segment", "Message", "Moves", "cut_messages", "plan_moves", "exchange",
            "local_index"]
 
-CHUNK_BYTES = 16 << 20   # per message: large enough that per-message latency is noise, small enough to bound memory
+# Per message. Per-round latency is noise at this size; on the 2-core CPU box, 102.4 MB in 4 MiB
+# all-to-all rounds took about half the time of 16 MiB rounds (paired, loaded machine; a table swap
+# 0.71x vs 1.65x the one-shot floor, a column-block swap no different), and it bounds memory lower.
+CHUNK_BYTES = 4 << 20
 
 
 @dataclass
@@ -121,82 +129,115 @@ def _direct(msg: Message, side: str) -> Optional[torch.Tensor]:
     return _bytes(v) if v.is_contiguous() else None
 
 
+class _Staging:
+    """Round buffers for the messages that are packed or unpacked: one per (direction, round parity),
+    sized for the largest such message and allocated once per move. Round k+2 reuses round k's memory
+    (k's sends are done and its receives unpacked by then): a fresh buffer per round would pay
+    first-touch page faults on every round, which on CPU cost about as much as the wire."""
+
+    def __init__(self, rounds: list, device):
+        sizes: dict = {}
+        for k, (sends, recvs) in enumerate(rounds):
+            for what, msgs in (("send", sends), ("recv", recvs)):
+                for msg in msgs.values():
+                    if _staged(msg, what):
+                        sizes[what, k % 2] = max(sizes.get((what, k % 2), 0), msg.nbytes)
+        self.buffers = {key: torch.empty(n, dtype=torch.uint8, device=device) for key, n in sizes.items()}
+        self.nbytes = sum(sizes.values())
+        self.none = torch.empty(0, dtype=torch.uint8, device=device)
+
+
+def _staged(msg: Message, what: str) -> bool:
+    if what == "send":
+        return msg.pack or _direct(msg, "src") is None
+    return _direct(msg, "dst") is None
+
+
+def _segment_bytes(buf: torch.Tensor, s: Segment, like: torch.Tensor) -> torch.Tensor:
+    return buf[s.offset:s.offset + s.nbytes].view(like.dtype).view(like.shape)
+
+
 class _Round:
-    """One round's sends and receives on this rank: buffers packed, ops posted, then unpacked."""
+    """Round k on this rank: at most one message out and one in, packed, on the wire, unpacked."""
 
-    def __init__(self, k: int, sends: dict, recvs: dict, device):
-        self.k, self.sends, self.recvs, self.device = k, sends, recvs, device
-        self.buffers, self.unpack, self.reqs, self.bytes = {}, [], [], 0
+    def __init__(self, k: int, sends: dict, recvs: dict, staging: _Staging):
+        self.k, self.sends, self.recvs, self.staging = k, sends, recvs, staging
+        self.work, self.unpack = None, None
 
-    def pack(self) -> None:
+    def _buffer(self, what: str, msg: Message) -> torch.Tensor:
+        if not _staged(msg, what):
+            return _direct(msg, "src" if what == "send" else "dst")
+        return self.staging.buffers[what, self.k % 2][:msg.nbytes]
+
+    def start(self, group, world: int) -> None:
+        """Pack the send, post the round (async)."""
+        send = recv = self.staging.none
+        ins, outs = [0] * world, [0] * world
         for peer, msg in self.sends.items():
-            buf = None if msg.pack else _direct(msg, "src")
-            if buf is None:
-                buf = torch.empty(msg.nbytes, dtype=torch.uint8, device=self.device)
-                self.bytes += msg.nbytes
+            send, ins[peer] = self._buffer("send", msg), msg.nbytes
+            if _staged(msg, "send"):
                 for s in msg.segments:
                     v = s.view("src")
-                    buf[s.offset:s.offset + s.nbytes].view(v.dtype).view(v.shape).copy_(v)
-            self.buffers[("send", peer)] = buf
+                    _segment_bytes(send, s, v).copy_(v)
         for peer, msg in self.recvs.items():
-            buf = _direct(msg, "dst")
-            if buf is None:
-                buf = torch.empty(msg.nbytes, dtype=torch.uint8, device=self.device)
-                self.bytes += msg.nbytes
-                self.unpack.append((buf, msg))
-            self.buffers[("recv", peer)] = buf
-
-    def post(self, group) -> None:
-        ops = [dist.P2POp(dist.isend if what == "send" else dist.irecv, buf, dist.get_global_rank(group, peer),
-                          group, self.k)
-               for (what, peer), buf in sorted(self.buffers.items(), key=lambda kv: (kv[0][1], kv[0][0]))]
-        self.reqs = dist.batch_isend_irecv(ops) if ops else []
-
-    def wait(self) -> None:
-        for req in self.reqs:
-            req.wait()
-        self.reqs = []
+            recv, outs[peer] = self._buffer("recv", msg), msg.nbytes
+            self.unpack = (recv, msg) if _staged(msg, "recv") else None
+        self.work = dist.all_to_all_single(recv, send, outs, ins, group=group, async_op=True)
 
     def finish(self) -> None:
-        for buf, msg in self.unpack:
+        """Wait for the round, unpack the receive."""
+        self.work.wait()
+        if self.unpack is not None:
+            buf, msg = self.unpack
             for s in msg.segments:
                 v = s.view("dst")
-                v.copy_(buf[s.offset:s.offset + s.nbytes].view(v.dtype).view(v.shape))
-        self.buffers.clear()
-        self.unpack.clear()
+                v.copy_(_segment_bytes(buf, s, v))
+        self.work = self.unpack = None
 
 
-def _items(pieces: list, kinds: list, me: int, views) -> tuple[dict, list]:
-    """({(src, dst): [Item]} for the pairs this rank is in, [(src view, dst view)] local copies)."""
+def _items(pieces: list, kinds: list, me: int, views, dtype) -> tuple[dict, list]:
+    """({(src, dst): [Item]} for every pair -- views on this rank's side only; the others' items
+    carry sizes, so every rank cuts every pair alike -- and [(src view, dst view)] local copies)."""
     pairs, local = {}, []
+    sizes = {what: itemsize(what, dtype) for what, _ in kinds}
     for p in pieces:
-        if me not in (p.src, p.dst):
-            continue
         for what, kind in kinds:
-            if not piece_numel(p, kind):
+            if not piece_numel(p, kind) or (p.src == p.dst and p.src != me):
                 continue
             src = cut(views(p.src_box, what, old=True), p.src_box, p, kind) if p.src == me else None
             dst = cut(views(p.dst_box, what, old=False), p.dst_box, p, kind) if p.dst == me else None
             if p.src == p.dst:
                 local.append((src, dst))
                 continue
-            t = src if src is not None else dst
-            row_bytes = t.element_size() * (t[0].numel() if t.dim() > 1 else 1)
+            row_bytes = sizes[what] * (p.c1 - p.c0 if kind == "elem" else 1)
             pairs.setdefault((p.src, p.dst), []).append(Item(p.src, p.dst, p.r1 - p.r0, row_bytes, src, dst))
     return pairs, local
 
 
-def _rounds(pairs: dict, me: int, chunk_bytes: int) -> list:
-    """[(sends {peer: Message}, receives {peer: Message})] per round."""
+def _pairings(world: int) -> list:
+    """The ranks paired off, world-1 times (world times for an odd world, one rank idle each time),
+    so that every two ranks meet once: a round-robin tournament (circle method)."""
+    n = world + world % 2
+    out = []
+    for i in range(n - 1):
+        pairs = [(i, n - 1)] + [((i + k) % (n - 1), (i - k) % (n - 1)) for k in range(1, n // 2)]
+        out.append([(a, b) for a, b in pairs if a < world and b < world])
+    return out
+
+
+def _rounds(pairs: dict, me: int, world: int, chunk_bytes: int) -> list:
+    """[(sends {peer: Message}, receives {peer: Message})] per round, the same list of rounds on every
+    rank: per pairing, as many rounds as its longest direction has messages; message m of both
+    directions of every pair travels in round m (a swap's two directions together)."""
     rounds: list = []
-    for (src, dst), items in sorted(pairs.items()):
-        for k, msg in enumerate(cut_messages(items, chunk_bytes)):
-            while len(rounds) <= k:
-                rounds.append(({}, {}))
-            if src == me:
-                rounds[k][0][dst] = msg
-            else:
-                rounds[k][1][src] = msg
+    for pairing in _pairings(world):
+        cuts = {(a, b): cut_messages(pairs.get((a, b), []), chunk_bytes) for x, y in pairing
+                for a, b in ((x, y), (y, x))}
+        peer = next((b for a, b in cuts if a == me), None)
+        for m in range(max((len(c) for c in cuts.values()), default=0)):
+            out = cuts.get((me, peer), [])
+            into = cuts.get((peer, me), [])
+            rounds.append(({peer: out[m]} if m < len(out) else {}, {peer: into[m]} if m < len(into) else {}))
     return rounds
 
 
@@ -244,15 +285,15 @@ def _first_write(span: tuple, writes: dict) -> float:
 def _order(rounds: list, local: list) -> tuple:
     """Check every read of old bytes against the writes that land on them, in the loop's fixed order.
 
-    Times in :func:`exchange`'s order: round j is packed at 4j-3, posted at 4j-1 and waited for at
-    4j+2; its buffers are unpacked at 4j+4; early local copies run at -2, the others at -0.5. A
-    direct send reads during [4j-1, 4j+2], a packed one at 4j-3; a direct receive writes from 4k-1,
-    an unpacked one at 4k+4. Returns (early copies, late copies, conflicting storages) and marks the
-    sends that must be packed."""
+    Times in :func:`exchange`'s order: round j is packed at 4j, posted at 4j+1, done by 4j+6 (its
+    wait comes after round j+1 is posted) and unpacked at 4j+7; early local copies run at -2, the
+    others at 2. A direct send reads during [4j+1, 4j+6], a packed one at 4j; a direct receive writes
+    from 4k+1, an unpacked one at 4k+7. Returns (early copies, late copies, conflicting storages) and
+    marks the sends that must be packed."""
     writes: dict = {}
     for k, (_, recvs) in enumerate(rounds):
         for msg in recvs.values():
-            when = 4 * k - 1 if _direct(msg, "dst") is not None else 4 * k + 4
+            when = 4 * k + 1 if _direct(msg, "dst") is not None else 4 * k + 7
             for s in msg.segments:
                 store, lo, hi = _span(s.view("dst"))
                 writes.setdefault(store, []).append((lo, hi, when))
@@ -264,10 +305,10 @@ def _order(rounds: list, local: list) -> tuple:
             spans = [_span(s.view("src")) for s in msg.segments]
             reads.extend(spans)
             first = min((_first_write(sp, writes) for sp in spans), default=float("inf"))
-            if first <= 4 * j + 2 and not msg.pack and _direct(msg, "src") is not None:
+            if first <= 4 * j + 6 and not msg.pack and _direct(msg, "src") is not None:
                 msg.pack = True          # read before the round is posted instead of during it
-            if first <= 4 * j - 3:
-                conflicts.update(sp[0] for sp in spans if _first_write(sp, writes) <= 4 * j - 3)
+            if first <= 4 * j:
+                conflicts.update(sp[0] for sp in spans if _first_write(sp, writes) <= 4 * j)
     by_store: dict = {}
     for store, lo, hi in reads:
         by_store.setdefault(store, []).append((lo, hi))
@@ -284,16 +325,18 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
 
 
-def plan_moves(pieces: list, kinds: list, views, me: int, chunk_bytes: int = CHUNK_BYTES) -> Moves:
+def plan_moves(pieces: list, kinds: list, views, me: int, world: int, dtype,
+               chunk_bytes: int = CHUNK_BYTES) -> Moves:
     """This rank's messages and local copies for ``pieces`` (no communication).
 
     ``views(box, what, old)`` returns the rows of ``box`` in an old (``old=True``) or new store for
-    the weights (``what=None``) or a state tensor. A local copy from a view onto itself (a kept box
-    in a buffer the new store took over) is dropped: its bytes are already in place.
+    the weights (``what=None``) or a state tensor; ``dtype``: the weights' dtype. A local copy from a
+    view onto itself (a kept box in a buffer the new store took over) is dropped: its bytes are
+    already in place.
     """
-    pairs, local = _items(pieces, kinds, me, views)
+    pairs, local = _items(pieces, kinds, me, views, dtype)
     local = [(src, dst) for src, dst in local if not _same(src, dst)]
-    rounds = _rounds(pairs, me, chunk_bytes)
+    rounds = _rounds(pairs, me, world, chunk_bytes)
     early, late, conflicts = _order(rounds, local)
     return Moves(rounds, early + late, len(early), conflicts)
 
@@ -303,30 +346,24 @@ def exchange(moves: Moves, group, device) -> dict:
     """Run a planned move; collective over ``group`` (every rank runs its own plan of the same pieces).
 
     Returns ``{"bytes_local": ..., "transient_peak": ...}``: bytes copied without the wire and the
-    most bytes of round buffers alive at once on this rank.
+    bytes of round buffers this rank allocated (all alive until the move ends).
     """
     assert not moves.conflicts, f"exchange: writes would clobber unread bytes in storages {moves.conflicts}"
-    rounds = [_Round(k, s, r, device) for k, (s, r) in enumerate(moves.rounds)]
+    world = dist.get_world_size(group)
+    staging = _Staging(moves.rounds, device)
+    rounds = [_Round(k, s, r, staging) for k, (s, r) in enumerate(moves.rounds)]
     for src, dst in moves.local[:moves.early]:    # they read memory that round 0 may receive into
         dst.copy_(src)
-    peak = 0
     if rounds:
-        rounds[0].pack()
-        rounds[0].post(group)
-        peak = rounds[0].bytes
+        rounds[0].start(group, world)
     for src, dst in moves.local[moves.early:]:    # while round 0 is on the wire
         dst.copy_(src)
     for k, rnd in enumerate(rounds):
-        nxt = rounds[k + 1] if k + 1 < len(rounds) else None
-        if nxt is not None:
-            nxt.pack()             # while round k is on the wire
-            peak = max(peak, rnd.bytes + nxt.bytes)
-        rnd.wait()
-        if nxt is not None:
-            nxt.post(group)
-        rnd.finish()               # unpack round k while round k+1 is on the wire
+        if k + 1 < len(rounds):
+            rounds[k + 1].start(group, world)     # on the wire behind round k: the wire never idles
+        rnd.finish()
     local_bytes = sum(s.numel() * s.element_size() for s, _ in moves.local)
-    return {"bytes_local": local_bytes, "transient_peak": peak}
+    return {"bytes_local": local_bytes, "transient_peak": staging.nbytes}
 
 
 def local_index(groups) -> dict:

@@ -10,7 +10,7 @@ loop's order cannot keep a read before the write get fresh memory again (:func:`
 
 Example:
     >>> adopt_buffers(old_groups, rebuilt)           # doctest: +SKIP
-    >>> moves = plan_moves(pieces, kinds, views, rank, chunk)   # doctest: +SKIP
+    >>> moves = plan_moves(pieces, kinds, views, rank, world, dtype, chunk)   # doctest: +SKIP
     >>> release(rebuilt, moves.conflicts)            # doctest: +SKIP
 """
 

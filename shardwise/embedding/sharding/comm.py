@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["AllToAll", "ReduceScatter", "all_to_all_ids", "all_gather_ints"]
+__all__ = ["AllToAll", "ReduceScatter", "all_gather_ints"]
 
 
 class AllToAll(torch.autograd.Function):
@@ -45,12 +45,6 @@ class ReduceScatter(torch.autograd.Function):
         full = grad.new_empty(grad.shape[0] * ctx.world)
         dist.all_gather_single(full, grad.contiguous(), group=ctx.group)
         return None, full, None, None
-
-
-def all_to_all_ids(send: torch.Tensor, in_splits, out_splits, group) -> torch.Tensor:
-    recv = send.new_empty(sum(out_splits))
-    dist.all_to_all_single(recv, send, list(out_splits), list(in_splits), group=group)
-    return recv
 
 
 def all_gather_ints(values: list[int], world: int, group, device) -> list[list[int]]:

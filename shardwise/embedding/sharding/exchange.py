@@ -163,7 +163,7 @@ def start_groups(module, kjt, problem: Optional[str]) -> PendingInput:
             local.append(None)
         else:
             exchanges.append(None)
-            local.append(None if flag else ind._per_width(*ind.route(local_kjt)[:3], [kjt.stride()] * topo.world_size))
+            local.append(None if flag else _local_routed(ind, local_kjt, topo.world_size))
     agreed = None
     if all(ex is None for ex in exchanges):
         # no ids cross ranks, but a bad batch must still stop every rank (before the backward's
@@ -171,3 +171,12 @@ def start_groups(module, kjt, problem: Optional[str]) -> PendingInput:
         batch = kjt.stride() if problem is None else 0
         agreed = all_gather_ints([batch, flag], topo.world_size, topo.group, topo.device)
     return PendingInput(module, kjt, local_kjt, problem, exchanges, local, agreed)
+
+
+def _local_routed(ind, kjt, world: int):
+    """A group whose ids stay on this rank (data-parallel): routed without an exchange."""
+    ids, lengths, weights, _, batch, sent = ind.route(kjt)
+    routed = ind._per_width(ids, lengths, weights, [batch] * world)
+    if sent is not None:   # sequence output: each id's input position
+        routed.sent = sent
+    return routed

@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from ...sparse import KeyedJaggedTensor
-from .comm import AllToAll, ReduceScatter, all_to_all_ids
+from .comm import AllToAll, ReduceScatter
 from .routing import Routing
 from .store import FusedLookup, ShardStore
 from ..topology import Topology
@@ -117,32 +117,6 @@ class InputDist:
         send_lengths = unit_lengths.index_select(0, self.slot_unit).flatten()
         sent = (idx if order is None else order.index_select(0, idx), slot_len) if self.keep_positions else None
         return send_ids, send_lengths, send_w, slot_len, batch, sent
-
-    def __call__(self, kjt: KeyedJaggedTensor, batch_sizes: list[int]) -> Routed:
-        send_ids, send_lengths, send_w, slot_len, batch, sent = self.route(kjt)
-        if self.exchange:
-            send_ids, send_lengths, send_w = self._exchange(send_ids, send_lengths, send_w, slot_len, batch,
-                                                            batch_sizes)
-        routed = self._per_width(send_ids, send_lengths, send_w, batch_sizes)
-        if self.keep_positions:
-            routed.sent = sent
-        return routed
-
-    def _exchange(self, ids, lengths, weights, slot_len, batch, batch_sizes):
-        topo = self.topo
-        mine = self.slots_per_dest[topo.rank]
-        len_in = [n * batch for n in self.slots_per_dest]
-        len_out = [mine * b for b in batch_sizes]
-        recv_lengths = all_to_all_ids(lengths, len_in, len_out, topo.group)
-        val_in = torch.zeros(topo.world_size, dtype=torch.int64, device=slot_len.device)
-        val_in = val_in.index_add_(0, self.slot_dest, slot_len).tolist()
-        src = torch.repeat_interleave(torch.arange(topo.world_size, device=recv_lengths.device),
-                                      torch.tensor(len_out, device=recv_lengths.device))
-        val_out = torch.zeros(topo.world_size, dtype=torch.int64, device=recv_lengths.device)
-        val_out = val_out.index_add_(0, src, recv_lengths).tolist()
-        recv_ids = all_to_all_ids(ids, val_in, val_out, topo.group)
-        recv_w = None if weights is None else all_to_all_ids(weights, val_in, val_out, topo.group)
-        return recv_ids, recv_lengths, recv_w
 
     def _per_width(self, ids, lengths, weights, batch_sizes) -> Routed:
         me = self.topo.rank

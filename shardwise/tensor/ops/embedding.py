@@ -41,6 +41,7 @@ __all__ = ["EmbeddingIndexError", "embedding_index_check", "rowwise_lookup", "ro
 
 _get_dispatch_mode = torch._C._get_dispatch_mode
 _PROXY = torch._C._TorchDispatchModeKey.PROXY
+_FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
 class EmbeddingIndexError(IndexError, ValueError):
@@ -94,8 +95,11 @@ def _raise_if_out_of_range(bounds: torch.Tensor, num_embeddings: int) -> None:
 
 
 def _recording(ids: torch.Tensor) -> bool:
-    # make_fx records the local kernels (its proxy mode is active); fake tensors hold no values
-    return isinstance(ids, FakeTensor) or _get_dispatch_mode(_PROXY) is not None
+    # make_fx records the local kernels (its proxy mode is active); fake tensors hold no values; under
+    # torch.compile the ids reach this kernel as functional wrappers of fake tensors, with the fake
+    # mode active (AOT autograd), so their values cannot be read either
+    return (isinstance(ids, FakeTensor) or _get_dispatch_mode(_PROXY) is not None
+            or _get_dispatch_mode(_FAKE) is not None or torch.compiler.is_compiling())
 
 
 @torch.library.custom_op("shardwise::checked_embedding_ids", mutates_args=())

@@ -102,14 +102,6 @@ def item_rule(schema, mesh_size):
     return [replicate_strategy(schema)]
 
 
-@register_rule(aten.native_dropout.default)
-def dropout_rule(schema, mesh_size):
-    # dropout masks are random per rank: only a replicated input gives the same mask everywhere if
-    # the RNG is in sync, which is the caller's contract (like torch's DTensor without its RNG tracker)
-    return [Strategy((R, R), (R,))]
-
-
-
 def _out_rule(schema, mesh_shape) -> Decision:
     # out= writes into the given DTensor, which keeps its layout: the inputs follow it (by broadcasting;
     # a pending sum in `out` comes from the first operand times replicated others, as mul's linear case)

@@ -121,6 +121,40 @@ def test_transient_memory_is_bounded_by_chunks_not_by_the_move():
     assert max(t for t, _, _ in results) > 0                 # the packed column slices were counted
 
 
+def fan_out(rank, world, chunk):
+    """Rank 0 sends column slices to both other ranks and receives column slices from both (every
+    message packed on rank 0), there and back."""
+    mesh = mesh_for(world, 1)
+    a = {"t_a": common.column_wise([1, 2]), "t_b": table_wise(0), "t_tiny": table_wise(0),
+         "t_c": common.column_wise([2, 1])}
+    b = {"t_a": table_wise(0), "t_b": common.column_wise([1, 2]), "t_tiny": table_wise(1), "t_c": table_wise(0)}
+    mod = shard(common.make_ebc(seed=14), a, mesh=mesh, optimizer=ADAM)
+    train(mod, rank, world, 1)
+    before, out = full_state(mod), []
+    for changes in (b, a):
+        stats = reshard(mod, changes, chunk_bytes=chunk)
+        out.append((stats.transient_bytes, stats.bytes_sent[rank], stats.bytes_received[rank]))
+    after = full_state(mod)
+    return out, all(bits_equal(before[k], after[k]) for k in before)
+
+
+def test_round_buffers_do_not_grow_with_the_number_of_peers():
+    # rounds go by pairings: a rank exchanges with one peer per round, so it holds
+    # at most two rounds x two directions of buffers however many peers it exchanges with
+    # (every row here is narrower than the chunk, so no message exceeds it; the previous executor,
+    # one round buffer per peer, held 344 bytes here)
+    chunk = 64
+    assert ROW_MAX < chunk
+    results = run_on_ranks(fan_out, 3, chunk, timeout=120.0)
+    for moves, same in results:
+        assert same
+        for transient, _, _ in moves:
+            assert transient <= 2 * 2 * chunk, moves
+    # rank 0 both sends and receives many packed chunks each way
+    assert all(sent > 4 * chunk and received > 4 * chunk and transient > 0
+               for transient, sent, received in results[0][0]), results[0][0]
+
+
 def bad_chunk(rank, world):
     mesh = mesh_for(world, 1)
     mod = shard(common.make_ebc(seed=12), {n: table_wise(0) for n in NAMES}, mesh=mesh, optimizer=ADAM)

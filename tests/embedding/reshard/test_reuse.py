@@ -88,6 +88,15 @@ def test_swaps_take_over_old_buffers_and_keep_every_bit(chunk):
             assert r["transient"] <= 2 * 2 * (chunk + ROW_MAX), (name, chunk, r)
 
 
+def test_swaps_take_over_old_buffers_on_three_ranks():
+    # both directions of a swap travel in the same rounds whatever the world size, so its sends are
+    # packed and its buffers kept (rounds sending 0 -> 1 before 1 -> 0 would give rank 1 new memory)
+    total = 20 * DIM * 4 * 3
+    results = run_on_ranks(move_case, 3, "swap_all", 1000, timeout=120.0)
+    assert all(r["same"] == [] and r["forward"] for r in results), results
+    assert [(r["reused"], r["allocated"]) for r in results] == [(total, 0), (total, 0), (0, 0)], results
+
+
 def test_receives_that_outrun_sends_get_new_memory():
     per_rank = 20 * DIM * 4 * 3    # each rank's table-wise group: 20 rows, weights + two moments
     for chunk, fresh in ((64, True), (1 << 20, False)):

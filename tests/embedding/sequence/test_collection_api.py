@@ -71,8 +71,8 @@ def test_bad_construction_is_refused_clearly():
         EmbeddingCollection([EmbeddingBagConfig(10, 4, "a", feature_names=["f"])])
     with pytest.raises(TypeError, match="tables must be EmbeddingBagConfig, got EmbeddingConfig"):
         EmbeddingBagCollection([a])
-    with pytest.raises(ValueError, match="need_indices=True .* not supported"):
-        EmbeddingCollection([a], need_indices=True)
+    with pytest.raises(TypeError, match="need_indices='yes' must be a bool"):
+        EmbeddingCollection([a], need_indices="yes")
     with pytest.raises(ValueError, match=r"features \['nope'\] are not looked up"):
         EmbeddingCollection([a])(KeyedJaggedTensor(["nope"], torch.tensor([1]), lengths=torch.tensor([1])))
 

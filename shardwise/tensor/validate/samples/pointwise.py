@@ -228,11 +228,6 @@ def _threshold(op, m):
     return [S(m.f(5, 3), 0.1, 20.0), S(m.f(2), 0.0, -1.0)]
 
 
-@_on(aten.native_dropout.default)
-def _dropout(op, m):
-    return [dataclasses.replace(S(m.f(5, 3), 0.5, True), random=True, seed=7), S(m.f(5, 3), 0.0, False)]
-
-
 @_on(aten._local_scalar_dense.default)
 def _item(op, m):
     return [S(m.f()), S(m.i()), S(m.f(1))]
