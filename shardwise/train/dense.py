@@ -1,13 +1,16 @@
 """Data-parallel steps for the dense part of the DLRM: compile-mode ``replicate`` or eager DDP.
 
-Both take this rank's pooled embeddings as a plain input and return the gradient of the rank's
-loss with respect to them, which the worker feeds into the sharded embedding backward. Keeping the
-two backwards apart means the DDP gradient all-reduce and the embedding all-to-alls never
-interleave on the wire, and both dense modes hand the sparse side exactly the same quantity.
+``step`` takes this rank's pooled embeddings as a plain input and returns the gradient of the
+rank's loss with respect to them; ``train`` runs the whole step, the embeddings' backward included.
+The compiled step hands that gradient to the embeddings' backward afterwards (a traced graph has a
+plain input); DDP runs one backward through both, so its gradient all-reduce (on a group of its own,
+never interleaved with the embedding group's collectives) overlaps the embeddings' backward
+all-to-all and fused update. Both give the sparse side exactly the same gradient.
 
 Example:
     >>> runner = make_dense_runner("ddp", arch, lr=1e-3, mesh=mesh)        # doctest: +SKIP
     >>> loss, logits, grad_pooled = runner.step(dense, pooled, labels)    # doctest: +SKIP
+    >>> loss, logits = runner.train(dense, pooled, labels)   # and the embeddings' backward  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -72,6 +75,18 @@ class DDPRunner(_Runner):
         self.optimizer.zero_grad(set_to_none=True)
         return loss.detach(), logits.detach(), leaf.grad
 
+    def train(self, dense, pooled, labels):
+        """One step through the dense part and on into the sharded embeddings: ``pooled`` keeps its
+        autograd history, so one backward runs both, and DDP's gradient all-reduce (on its own group)
+        is on the wire while the embeddings' backward all-to-all and fused update run. The
+        embeddings receive exactly the gradient :meth:`step` would return."""
+        logits = self.ddp(dense, pooled)
+        loss = F.binary_cross_entropy_with_logits(logits, labels)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss.detach(), logits.detach()
+
     def load(self, state: dict) -> None:
         _load_plain(self.arch, self.optimizer, state)
 
@@ -102,6 +117,12 @@ class CompiledRunner(_Runner):
 
     def step(self, dense, pooled, labels):
         return self._step(self.arch, self.optimizer, dense, pooled.detach(), labels)
+
+    def train(self, dense, pooled, labels):
+        """The compiled dense step, then the embeddings' backward from the gradient it returns."""
+        loss, logits, grad_pooled = self.step(dense, pooled, labels)
+        pooled.backward(grad_pooled)
+        return loss, logits
 
     def load(self, state: dict) -> None:
         if self._step.state is not None:

@@ -213,8 +213,8 @@ class Trainer:
         """One training step on ``batch`` (the pipeline started its input dist already)."""
         dense, kjt, labels = batch
         pooled = self.sparse(kjt).values()
-        loss, logits, grad_pooled = self.dense.step(dense, pooled, labels)
-        pooled.backward(grad_pooled)   # the fused optimizer updates the shards during this backward
+        # the fused optimizer updates the shards during the backward
+        loss, logits = self.dense.train(dense, pooled, labels)
         self.cursor += self.world * self.cfg.batch_size
         self.step += 1
         return loss, logits, labels

@@ -27,13 +27,18 @@ def _arch():
     return DenseArch(num_sparse=4, dim=8, bottom=(16,), top=(16,))
 
 
-def _run_mode(rank, world, kind):
+def _run_mode(rank, world, kind, method):
     from shardwise.train.dense import make_dense_runner
 
     runner = make_dense_runner(kind, _arch(), LR, worker_mesh(world))
     losses, grads = [], []
-    for per_rank in _batches(world):
-        loss, _, g = runner.step(*per_rank[rank])
+    for dense, pooled, labels in (b[rank] for b in _batches(world)):
+        if method == "step":
+            loss, _, g = runner.step(dense, pooled, labels)
+        else:   # the whole step: the gradient reaches the embeddings' side through pooled's history
+            leaf = pooled.clone().requires_grad_(True)
+            loss, _ = runner.train(dense, leaf * 1.0, labels)
+            g = leaf.grad
         losses.append(loss.item())
         grads.append(g.clone())
     return losses, grads, runner.state()["params"]
@@ -56,10 +61,10 @@ def _reference(world):
     return losses, grads, {n: p.detach() for n, p in arch.named_parameters()}
 
 
-@pytest.mark.parametrize("kind", ["ddp", "compile"])
-def test_dense_modes_match_one_process(kind):
+@pytest.mark.parametrize("kind,method", [("ddp", "step"), ("compile", "step"), ("ddp", "train"), ("compile", "train")])
+def test_dense_modes_match_one_process(kind, method):
     world = 2
-    results = run_on_ranks(_run_mode, world, kind, timeout=180)
+    results = run_on_ranks(_run_mode, world, kind, method, timeout=180)
     losses, grads, params = _reference(world)
     for rank, (r_losses, r_grads, r_params) in enumerate(results):
         assert r_losses == pytest.approx([step[rank] for step in losses], abs=1e-6)
