@@ -2,7 +2,9 @@
 
 One step = forward + backward + optimizer update (Adagrad, fused into backward for the sharded
 implementations, dense torch.optim.Adagrad for the unsharded module) on each rank's own batch.
-Prints one JSON line per measurement and one per plan with the ratios.
+Prints one JSON line per measurement and one per plan with the ratios. Every measurement line carries
+each rank's peak RSS (``peak_rss_mib_per_rank``) next to what that rank must hold
+(``held_mib_per_rank``: its table shards, their optimizer state and its batches).
 
     .venv/bin/python benchmarks/ebc.py                       # 8 tables x 100k x 64, world 2
     SHARDWISE_TORCHREC_PYTHON=/tmp/torchrec-venv/bin/python .venv/bin/python benchmarks/ebc.py
@@ -27,6 +29,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _launch import rss_per_rank  # noqa: E402  (imports torch only: fine in TorchRec's interpreter)
+
 PLANS = ("table_wise", "row_wise", "column_wise")
 LR = 0.05
 
@@ -41,6 +46,32 @@ def make_batches(rank: int, args, count: int = 4):
         values = torch.randint(0, args.rows, (int(lengths.sum()),), generator=g)
         out.append((keys, values, lengths))
     return out
+
+
+def _chunks(n: int, parts: int) -> list[int]:
+    """torch.chunk's sizes (both libraries split rows and columns this way)."""
+    size = -(-n // parts)
+    return [max(0, min(size, n - k * size)) for k in range(parts)]
+
+
+def held_bytes(rank: int, args, impl: str, plan_name: str) -> int:
+    """What ``rank`` must hold for this measurement: its table shards, their optimizer state (Adagrad:
+    one fp32 per element) and its batches. The unsharded module holds every table, its dense
+    gradient and its state; the table-wise floors hold every rank's batches."""
+    table = args.rows * args.dim * 4
+    batch = sum(v.numel() * 8 + ln.numel() * 8 for _, v, ln in make_batches(rank, args))
+    if impl == "floor":
+        mine = sum(1 for i in range(args.tables) if i % args.world == rank) if plan_name == "kernel" else 0
+        return mine * table * 2 + batch * args.world
+    if plan_name == "unsharded":
+        return args.tables * table * 3 + batch
+    if plan_name == "table_wise":
+        elems = sum(args.rows * args.dim for i in range(args.tables) if i % args.world == rank)
+    elif plan_name == "row_wise":
+        elems = args.tables * _chunks(args.rows, args.world)[rank] * args.dim
+    else:   # column_wise over ranks (i, i+1, ...): table i's column block k on rank (i + k) % world
+        elems = sum(args.rows * _chunks(args.dim, args.world)[(rank - i) % args.world] for i in range(args.tables))
+    return elems * 4 * 2 + batch
 
 
 def time_steps(step, batches, args) -> list[float]:
@@ -197,13 +228,14 @@ def _worker(rank, args, impl, plan_name, init_file, queue):
     try:
         fn = {"torchrec": run_torchrec, "floor": run_floors}.get(impl, run_shardwise)
         times = fn(rank, args, plan_name)
-        queue.put((rank, statistics.median(times)))
+        rss = rss_per_rank(held_bytes(rank, args, impl, plan_name))   # a collective: every rank
+        queue.put((rank, statistics.median(times), rss))
     finally:
         dist.destroy_process_group()
 
 
-def measure(args, impl: str, plan_name: str) -> float:
-    """Median step time in ms (the slowest rank's median)."""
+def measure(args, impl: str, plan_name: str) -> tuple[float, dict]:
+    """(median step time in ms: the slowest rank's median, every rank's peak RSS and held bytes)."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,8 +247,8 @@ def measure(args, impl: str, plan_name: str) -> float:
             p.join()
         if any(p.exitcode for p in procs):
             raise RuntimeError(f"{impl}/{plan_name}: a rank failed (exit codes {[p.exitcode for p in procs]})")
-    medians = dict(queue.get() for _ in procs)
-    return max(medians.values())
+    results = [queue.get() for _ in procs]
+    return max(ms for _, ms, _ in results), results[0][2]
 
 
 def _emit(record: dict) -> None:
@@ -224,7 +256,8 @@ def _emit(record: dict) -> None:
 
 
 def torchrec_time(args, plan: str):
-    """TorchRec's median step time for one plan (a subprocess in its own interpreter), or None."""
+    """TorchRec's (median step time, RSS fields) for one plan (a subprocess in its own interpreter),
+    or None."""
     python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
     if not python or not os.path.exists(python):
         return None
@@ -235,7 +268,9 @@ def torchrec_time(args, plan: str):
         print(f"# TorchRec run failed, skipped:\n{proc.stderr[-3000:]}", file=sys.stderr)
         return None
     recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return recs[-1]["ms_median"] if recs else None
+    if not recs:
+        return None
+    return recs[-1]["ms_median"], {k: v for k, v in recs[-1].items() if k.endswith("_per_rank")}
 
 
 def _common_flags(args, plans) -> list[str]:
@@ -265,7 +300,8 @@ def main(argv=None) -> None:
     shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids)
     if args.impl == "torchrec":
         for plan in args.plans:
-            _emit({"bench": "ebc", "impl": "torchrec", "plan": plan, "ms_median": round(measure(args, "torchrec", plan), 2), **shape})
+            ms, rss = measure(args, "torchrec", plan)
+            _emit({"bench": "ebc", "impl": "torchrec", "plan": plan, "ms_median": round(ms, 2), **shape, **rss})
         return
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
@@ -286,26 +322,27 @@ def run_rounds(args, shape) -> tuple[dict, dict]:
     peer: dict = {p: [] for p in args.plans}
     for _ in range(args.rounds):
         for plan in args.plans:
-            ours[plan].append(measure(args, "shardwise", plan))
-            _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ours[plan][-1], 2),
-                   "compiled_update": not args.no_compile, **shape})
+            ms, rss = measure(args, "shardwise", plan)
+            ours[plan].append(ms)
+            _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ms, 2),
+                   "compiled_update": not args.no_compile, **shape, **rss})
             if args.impl == "all":
                 t = torchrec_time(args, plan)
                 if t is not None:
-                    peer[plan].append(t)
-                    _emit({"bench": "ebc", "impl": "torchrec", "plan": plan, "ms_median": t, **shape})
+                    peer[plan].append(t[0])
+                    _emit({"bench": "ebc", "impl": "torchrec", "plan": plan, "ms_median": t[0], **shape, **t[1]})
     return ours, peer
 
 
 def report(args, shape, ours: dict, peer: dict) -> None:
-    unsharded = measure(args, "shardwise", "unsharded")
+    unsharded, rss = measure(args, "shardwise", "unsharded")
     _emit({"bench": "ebc", "impl": "unsharded_dense_adagrad", "plan": "none", "ms_median": round(unsharded, 2),
-           **shape})
+           **shape, **rss})
     if "table_wise" in args.plans and not args.no_floors:
         for part in ("kernel", "collectives"):
+            ms, rss = measure(args, "floor", part)
             _emit({"bench": "ebc", "impl": f"floor_table_wise_{part}", "plan": "table_wise",
-                   "ms_median": round(measure(args, "floor", part), 2), "compiled_update": not args.no_compile,
-                   **shape})
+                   "ms_median": round(ms, 2), "compiled_update": not args.no_compile, **shape, **rss})
     for plan in args.plans:
         mine = statistics.median(ours[plan])
         rec = {"bench": "ebc", "plan": plan, "shardwise_ms": round(mine, 2), "unsharded_ms": round(unsharded, 2),

@@ -7,7 +7,10 @@ local ids, zeroes the masked rows by a 0/1 multiply and all-reduces (``dist.all_
 floor for any row-wise scheme. ``unsharded`` is plain F.embedding on the whole table, timed on rank 0
 alone. Medians (us per call) after a warm-up round, variants timed round-robin (rotating order) so
 background load hits them alike; ratios between sharded variants are the median of per-round ratios
-(paired: both timed in the same round); one thread per rank; one JSON line per (config, mode).
+(paired: both timed in the same round); one thread per rank; one JSON line per (config, mode). Each
+line also carries every rank's peak RSS over the world's run (``peak_rss_mib_per_rank``) next to what
+that rank must hold at most (``held_mib_per_rank``: its shard, the ids and the output gradient; rank 0
+also the whole table of the unsharded baseline and its gradient).
 
     python benchmarks/embedding.py                  # worlds 2 and 4, V in {1e4, 1e6}, dim in {64, 128}
     python benchmarks/embedding.py --worlds 2 --rows 10000 --dims 64
@@ -26,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _launch import emit, spawn, time_us  # noqa: E402
+from _launch import emit, rss_per_rank, spawn, time_us  # noqa: E402
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -146,6 +149,15 @@ def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
     return rows
 
 
+def _held_bytes(rank, world, v, d, n_ids) -> int:
+    """What one config needs on ``rank``: its row block, the ids and the output gradient (rank 0 also
+    times the unsharded table: the whole table and its dense gradient)."""
+    from shardwise.tensor.spec import chunk_range
+
+    held = chunk_range(v, world, rank)[1] * d * 4 + n_ids * 8 + n_ids * d * 4
+    return held + (2 * v * d * 4 if rank == 0 else 0)
+
+
 def _bench(rank, world, configs, n_ids):
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -154,7 +166,9 @@ def _bench(rank, world, configs, n_ids):
     rows = []
     for v, d in configs:
         rows += _bench_config(rank, world, mesh, tmesh, v, d, n_ids)
-    return rows
+    # peak RSS is the process's high-water mark, so it is compared with the largest config's needs
+    rss = rss_per_rank(max(_held_bytes(rank, world, v, d, n_ids) for v, d in configs))
+    return [{**row, **rss} for row in rows]
 
 
 def main(argv=None) -> None:

@@ -38,7 +38,7 @@ class SequenceLookup(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         # every id is a bag of one: the same per-unique-row sum as the pooled backward
         single = torch.arange(ids.numel() + 1, device=ids.device)
-        rows, grad_rows = summed_row_gradients(ids, single, None, grad)
+        rows, grad_rows = summed_row_gradients(ids, single, None, grad, ctx.store.buffers[ctx.w].shape[0])
         ctx.store.apply_gradient(ctx.w, rows, grad_rows)
         return None, None, None, None
 

@@ -96,13 +96,13 @@ class ShardStore:
         grad_rows = grad_rows.to(STATE_DTYPE)   # fp16/bf16 tables: the update runs in fp32, like the state
         if self.sync_group is not None:
             rows, grad_rows = self._summed_over_ranks(w, rows, grad_rows)
-        if self.grad_scale != 1.0:     # gradient division: the gradient of the mean of per-rank losses
-            grad_rows = grad_rows * self.grad_scale
+        # grad_scale (gradient division: the gradient of the mean of per-rank losses) is applied
+        # inside the update's loop, never as a pass of its own over every touched row
         self.steps[w] += 1
         state = self.states[w]
         if self.kernel is not None:
-            coeffs = torch.tensor(self.rule.coeffs(self.hp, self.steps[w]), dtype=grad_rows.dtype,
-                                  device=grad_rows.device)
+            coeffs = torch.tensor(self.rule.coeffs(self.hp, self.steps[w]) + [self.grad_scale],
+                                  dtype=grad_rows.dtype, device=grad_rows.device)
             self.kernel(self.buffers[w], *state.values(), rows, grad_rows, coeffs)
             return
         state["step"] = self.steps[w]
@@ -111,7 +111,8 @@ class ShardStore:
         width = max(1, grad_rows.shape[1])
         n = max(1, rows.numel()) if rows.device.type != "cpu" else max(1, _CHUNK_ELEMENTS // width)
         for r, g in zip(torch.split(rows, n), torch.split(grad_rows, n)):
-            self.rule.update(self.buffers[w], state, r, g, self.hp)
+            self.rule.update(self.buffers[w], state, r, g if self.grad_scale == 1.0 else g * self.grad_scale,
+                             self.hp)
         del state["step"]
 
     def _summed_over_ranks(self, w: int, rows: torch.Tensor, grad_rows: torch.Tensor):
@@ -125,15 +126,19 @@ class ShardStore:
         return touched, dense.index_select(0, touched)[:, :-1].contiguous()
 
 
-def summed_row_gradients(ids, offsets, psw, grad):
+def summed_row_gradients(ids, offsets, psw, grad, num_rows: int = 2 ** 63 - 1):
     """(unique ids, per-id sum over occurrences of weight x grad of its bag), without materialising
     one gradient row per occurrence: an embedding_bag over ``grad`` whose bags are the ids' bags,
-    grouped by id."""
+    grouped by id. ``num_rows`` bounds the ids (the buffer's rows): below 2**31 the sort runs on
+    int32 keys, over twice as fast on CPU as int64 ones. The sort is stable, so each row's
+    occurrences are summed in bag order."""
     lengths = offsets[1:] - offsets[:-1]
     bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
                                   output_size=ids.numel())
-    sorted_ids, order = torch.sort(ids)
+    keys = ids.to(torch.int32) if num_rows <= 2 ** 31 else ids
+    sorted_ids, order = torch.sort(keys, stable=True)
     rows, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
+    rows = rows.to(ids.dtype)
     seg = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(counts, 0, out=seg[1:])
     weights = None if psw is None else psw.index_select(0, order)
@@ -158,6 +163,6 @@ class FusedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ids, offsets, psw = ctx.saved_tensors
-        rows, grad_rows = summed_row_gradients(ids, offsets, psw, grad)
+        rows, grad_rows = summed_row_gradients(ids, offsets, psw, grad, ctx.store.buffers[ctx.w].shape[0])
         ctx.store.apply_gradient(ctx.w, rows, grad_rows)
         return None, None, None, None, None, None
