@@ -27,7 +27,8 @@ def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict) 
         return f"{type(exc).__name__}: {exc}"
     if kjt.variable_stride_per_key():
         return ("ValueError: a variable batch per feature (VBE: stride_per_key_per_rank) is not supported by the "
-                "sharded collection yet; give every feature the same batch size (or use the unsharded one)")
+                "sharded EmbeddingCollection; give every feature the same batch size (the bag collections take VBE "
+                "with inverse_indices)")
     keys, per_key = kjt.keys(), kjt.length_per_key()
     if not keys or kjt.values().numel() == 0:
         return None

@@ -13,6 +13,7 @@ from torch import nn
 
 from ..sparse import KeyedJaggedTensor, KeyedTensor
 from .collection.bag_collection import EmbeddingBagCollection, check_features
+from .collection.variable_batch import split_variable_batch
 from .sharding.comm import all_gather_ints
 from .optim.fused import FusedOptimizer
 from .optim.rules import resolve_optimizer
@@ -70,6 +71,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     """
 
     _prefix = "embedding_bags"   # state-dict keys: <_prefix>.<table>.weight (the unsharded module's names)
+    _takes_variable_batch = True   # VBE batches (TorchRec's inverse_indices); the sequence module refuses them
 
     def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
@@ -201,8 +203,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
             >>> pending = sharded.start_input_dist(next_kjt)      # doctest: +SKIP
             >>> loss_fn(sharded.forward_from(current)).backward()  # doctest: +SKIP
         """
-        problem = self._check_batch(kjt)
-        return start_groups(self, kjt, problem)
+        padded, vbe, problem = kjt, None, None
+        if self._takes_variable_batch:
+            try:   # VBE: the deduplicated bags travel, padded to a common count; expanded after the lookup
+                padded, vbe = split_variable_batch(kjt)
+            except ValueError as exc:
+                problem = f"ValueError: {exc}"
+        pending = start_groups(self, padded, problem or self._check_batch(padded))
+        pending.source, pending.vbe = kjt, vbe
+        return pending
 
     def forward_from(self, pending: PendingInput) -> KeyedTensor:
         """Collective, second half of ``forward``: wait for ``pending``'s ids (from
@@ -232,20 +241,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
                 blocks.setdefault(f, []).append((c0, blk))
         pieces = [self._assemble(f, blocks.get(f, []), batch, kjt if mean else None)
                   for f, mean in zip(self._features, self._mean_mask)]
+        if pending.vbe is not None:
+            pieces = [pending.vbe.expand(f, p) for f, p in zip(self._features, pieces)]
         return KeyedTensor(self._features, self._dims, torch.cat(pieces, dim=1))
-
-    def _agree_batch(self, kjt: KeyedJaggedTensor):
-        """Collective: (this rank's batch on the device, its batch size, every rank's batch size)."""
-        topo = self._topo
-        problem = self._check_batch(kjt)
-        batch = kjt.stride() if problem is None else 0
-        # One small all-gather carries batch sizes and "my batch is bad" flags, so a bad batch on
-        # one rank makes every rank raise the same error instead of leaving the others hanging.
-        rows = all_gather_ints([batch, int(problem is not None)], topo.world_size, topo.group, topo.device)
-        if any(flag for _, flag in rows):
-            self._raise_everywhere(problem, [r for r, (_, flag) in enumerate(rows) if flag])
-        kjt = kjt.to(topo.device) if kjt.values().device != topo.device else kjt
-        return kjt, batch, [b for b, _ in rows]
 
     def _check_features(self, kjt) -> None:
         check_features(kjt, self._features, self._is_weighted)

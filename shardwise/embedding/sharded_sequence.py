@@ -34,6 +34,7 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     """
 
     _prefix = "embeddings"
+    _takes_variable_batch = False
 
     def __init__(self, ec: EmbeddingCollection, plan: dict, topo: Topology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):

@@ -11,6 +11,7 @@ from torch import nn
 from ...sparse import KeyedJaggedTensor, KeyedTensor
 from .config import EmbeddingBagConfig, check_tables
 from .init import fill_rows
+from .variable_batch import split_variable_batch
 
 __all__ = ["EmbeddingBagCollection", "pool_bags"]
 
@@ -139,6 +140,7 @@ class EmbeddingBagCollection(nn.Module):
 
     def forward(self, kjt: KeyedJaggedTensor) -> KeyedTensor:
         check_features(kjt, self.feature_names(), self._is_weighted)
+        kjt, vbe = split_variable_batch(kjt)   # VBE: pool the deduplicated bags, then expand
         present = set(kjt.keys())
         batch = kjt.stride()
         outs, dims = [], []
@@ -152,4 +154,6 @@ class EmbeddingBagCollection(nn.Module):
                 jt = kjt[f]
                 psw = jt.weights_or_none() if self._is_weighted else None
                 outs.append(pool_bags(weight, jt.values(), jt.offsets(), psw, t.pooling == "mean"))
+        if vbe is not None:
+            outs = [vbe.expand(f, o) for f, o in zip(self.feature_names(), outs)]
         return KeyedTensor(self.feature_names(), dims, torch.cat(outs, dim=1))
