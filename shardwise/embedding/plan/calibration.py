@@ -118,7 +118,7 @@ def _lookup_time(n: int, dim: int, device, sync) -> float:
 
     def step():
         out = F.embedding_bag(ids, weight, offsets, mode="sum", include_last_offset=True)
-        rows, grad = summed_row_gradients(ids, offsets, None, torch.ones_like(out))
+        rows, grad = summed_row_gradients(ids, offsets, None, torch.ones_like(out), weight.shape[0])
         weight.index_copy_(0, rows, weight.index_select(0, rows).sub_(grad, alpha=1e-3))
     return _best_time(step, sync)
 
