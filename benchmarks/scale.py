@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import emit, spawn  # noqa: E402
+from _launch import emit, peak_rss_bytes, spawn  # noqa: E402
 
 GiB = 1 << 30
 
@@ -35,11 +35,6 @@ def table_sizes(total_bytes: int, dim: int, tables: int = 26) -> list[int]:
     rows = np.maximum(8, np.ceil(shape / shape.sum() * total_bytes / (4 * dim))).astype(int)
     order = np.random.default_rng(0).permutation(tables)
     return [int(r) for r in rows[order]]
-
-
-def _peak_rss() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) * 1024
 
 
 def run(rank, world, args):
@@ -70,7 +65,7 @@ def run(rank, world, args):
         t0 = time.perf_counter()
         sharded(kjt).values().square().mean().backward()
         times.append(time.perf_counter() - t0)
-    mine = torch.tensor([_peak_rss(), held], dtype=torch.int64)
+    mine = torch.tensor([peak_rss_bytes(), held], dtype=torch.int64)
     every = [torch.zeros(2, dtype=torch.int64) for _ in range(world)]
     dist.all_gather(every, mine)
     return {"tables": len(cfgs), "dim": args.dim, "weights_gb": round(sum(sizes) * args.dim * 4 / GiB, 2),

@@ -68,12 +68,8 @@ class DDPRunner(_Runner):
 
     def step(self, dense, pooled, labels):
         leaf = pooled.detach().requires_grad_(True)
-        logits = self.ddp(dense, leaf)
-        loss = F.binary_cross_entropy_with_logits(logits, labels)
-        loss.backward()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return loss.detach(), logits.detach(), leaf.grad
+        loss, logits = self.train(dense, leaf, labels)
+        return loss, logits, leaf.grad
 
     def train(self, dense, pooled, labels):
         """One step through the dense part and on into the sharded embeddings: ``pooled`` keeps its

@@ -63,16 +63,12 @@ def split_variable_batch(kjt: KeyedJaggedTensor) -> tuple[KeyedJaggedTensor, Opt
                          "feature the same batch size")
     inv_keys, table = inv
     missing = [k for k in keys if k not in inv_keys]
-    if table.dim() != 2 or table.shape[0] != len(inv_keys) or missing:
+    if table.dim() != 2 or missing:
         raise ValueError(f"VBE inverse_indices must be (keys, tensor[len(keys), batch]) naming every feature of the "
                          f"batch; got keys {list(inv_keys)} and a tensor of shape {tuple(table.shape)} for features "
                          f"{keys}" + (f" (missing {missing})" if missing else ""))
+    # the KeyedJaggedTensor checked already that each index points at one of its key's bags
     inverse = {k: table[i] for i, k in enumerate(inv_keys) if k in keys}
-    for k, s in zip(keys, strides):
-        idx = inverse[k]
-        if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= s):
-            raise ValueError(f"VBE inverse_indices of feature {k!r} point at bag {int(idx.max())} (or below 0), but "
-                             f"it has {s} bags; every index must be in [0, {s})")
     width = max(strides, default=0)
     parts = torch.split(kjt.lengths(), strides)
     lengths = torch.cat([torch.cat([p, p.new_zeros(width - p.numel())]) for p in parts]) if parts \
