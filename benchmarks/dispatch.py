@@ -15,7 +15,8 @@ would cost before any work of its own; it has no real backward).
 Times are this thread's CPU time (``time.thread_time``): none of these calls communicates, and on a
 machine shared with other jobs wall time mostly measures the scheduler. A last pair of lines times
 a small training step on each (4 x ``relu(h @ w)``, Replicate 64x64 weights, Shard(0) batch):
-forward alone and forward + ``autograd.grad``, where backward ops go through dispatch too. A last
+forward alone and forward + ``autograd.grad``, where backward ops go through dispatch too, in paired
+rounds (the median of per-round ratios). A last
 line gives every rank's peak RSS next to the bytes it must hold.
 
     python benchmarks/dispatch.py
@@ -24,6 +25,7 @@ line gives every rank's peak RSS next to the bytes it must hold.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _launch import emit, rss_per_rank, spawn, time_us  # noqa: E402
 
 _CPU = time.thread_time
+_STEP_ROUNDS = 9
 
 
 class _Floor(torch.Tensor):
@@ -132,7 +135,7 @@ def _steps(mesh, world, sw, tdt) -> list:
         "torch_dtensor": ([tdt.distribute_tensor(w.clone().requires_grad_(), mesh, [tdt.Replicate()]) for w in full_w],
                           tdt.distribute_tensor(full_x, mesh, [tdt.Shard(0)])),
     }
-    times = {}
+    fns = {}
     for name, (ws, x) in sides.items():
         def fwd(ws=ws, x=x):
             h = x
@@ -144,13 +147,24 @@ def _steps(mesh, world, sw, tdt) -> list:
             out = fwd()
             torch.autograd.grad(out, ws, grad_outputs=torch.ones_like(out))
 
-        times[name] = (time_us(fwd, clock=_CPU, inner=20), time_us(fwd_bwd, clock=_CPU, inner=20))
+        fns[name] = (fwd, fwd_bwd)
     rows = []
     for i, what in enumerate(("mlp4_fwd", "mlp4_fwd_bwd")):
-        plain, ours, theirs = (times[k][i] for k in ("plain", "ours", "torch_dtensor"))
+        # Paired rounds: the three sides alternate within each round, in a rotating order, and the
+        # ratio is taken per round; one unpaired sample per side swung 0.5-3.3x between runs.
+        ratios, times = [], {k: [] for k in fns}
+        for r in range(_STEP_ROUNDS):
+            names = list(fns)
+            for name in names[r % 3:] + names[:r % 3]:
+                times[name].append(time_us(fns[name][i], clock=_CPU, warmup=5, reps=3, inner=10))
+            plain, ours, theirs = (times[k][-1] for k in ("plain", "ours", "torch_dtensor"))
+            ratios.append((ours - plain) / max(theirs - plain, 1e-9))
+        med = {k: statistics.median(v) for k, v in times.items()}
         rows.append({"bench": "dispatch", "mode": "autograd", "op": what, "placement": "S(0) x R", "world": world,
-                     "plain_us": round(plain, 1), "ours_us": round(ours, 1), "torch_dtensor_us": round(theirs, 1),
-                     "ratio_overhead_ours/torch-DTensor(step)": round((ours - plain) / max(theirs - plain, 1e-9), 3)})
+                     "rounds": _STEP_ROUNDS, "plain_us": round(med["plain"], 1), "ours_us": round(med["ours"], 1),
+                     "torch_dtensor_us": round(med["torch_dtensor"], 1),
+                     "ratio_overhead_ours/torch-DTensor(step)": round(statistics.median(ratios), 3),
+                     "ratio_per_round": [round(x, 3) for x in ratios]})
     return rows
 
 
