@@ -15,12 +15,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
 __all__ = ["main", "build_parser"]
+
+
+# Read by torch's CPU allocator once, at a process's first allocation: tensors of 2 MiB or more then get
+# 2 MiB-aligned memory advised for transparent huge pages. A fresh page's first touch is most of what a
+# reshard into new stores costs on CPU, and 2 MiB pages fault in 512x fewer times.
+THP_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+def worker_environment(environ) -> None:
+    """Set ``THP_MEM_ALLOC_ENABLE=1`` in ``environ`` (the environment the workers will inherit) unless the
+    user already set it to anything: their own value wins. Only ``shardwise train`` calls this, on its
+    own process before it starts the workers; the library never does."""
+    environ.setdefault(THP_ENV, "1")
 
 
 class _TRAIN_DEFAULTS:   # `shardwise plan` plans by default what `shardwise train` would (no torch import here)
@@ -78,7 +92,11 @@ def _train_parser(sub) -> None:
 
     t = sub.add_parser("train", help="train the DLRM demo job across local processes (or many machines)",
                        description="Train a DLRM-style click model: sharded embeddings, data-parallel MLPs. "
-                                   "Launches the workers with torch's elastic launcher (as torchrun does).")
+                                   "Launches the workers with torch's elastic launcher (as torchrun does). "
+                                   f"The workers start with {THP_ENV}=1 (torch's CPU allocator then puts tensors "
+                                   "of 2 MiB or more on transparent huge pages: a reshard fills its new stores "
+                                   f"about 2x faster) unless {THP_ENV} is already set, e.g. {THP_ENV}=0 "
+                                   "to keep 4 KiB pages.")
     add_train_arguments(t)
     t.add_argument("--nproc-per-node", "--world-size", dest="nproc_per_node", type=int, default=2,
                    help="processes on this machine; on one machine this is the world size, which may differ "
@@ -114,6 +132,7 @@ def _cmd_train(ns) -> int:
             check_logs(path, cfg.skip_bad_lines)   # a malformed input fails here, before any process starts
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
+    worker_environment(os.environ)   # this command's process only: the spawned workers inherit it
     try:
         launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
     except Exception as e:   # the launcher's ChildFailedError: name the ranks, the causes, the way on
