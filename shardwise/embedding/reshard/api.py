@@ -249,7 +249,7 @@ def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: Re
     if moves.conflicts:   # taken-over buffers the loop's order cannot protect: new memory for them
         release(rebuilt, moves.conflicts)
         moves = plan_moves(every, kinds, views, topo.rank, topo.world_size, module._dtype, chunk)
-    done = exchange(moves, topo.group, topo.device, chunk)
+    done = exchange(moves, topo.group, topo.device)
     stats.transient_bytes = done["transient_peak"]
     stats.bytes_reused, stats.bytes_allocated = memory_split(old_groups, rebuilt)
     return groups, rebuilt

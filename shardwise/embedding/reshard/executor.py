@@ -12,9 +12,7 @@ old store or into the new store; anything else -- column slices, several small p
 into a round buffer or unpacked from one.
 
 Two rounds are on the wire at once: round k+1 is packed and posted before round k is waited for and
-unpacked, so the wire never idles between rounds; the local copies go in equal shares of row blocks
-between posting a round and waiting for the one before, so a rank copies while the wire works instead
-of waiting on it. The round buffers are two per direction (one per
+unpacked, so the wire never idles between rounds. The round buffers are two per direction (one per
 round parity), allocated once per move: transient memory is at most 2 rounds x 2 directions x
 ``chunk_bytes`` whatever the size of the move. No helper thread: the order of the calls in
 :func:`exchange` is the whole schedule.
@@ -288,9 +286,8 @@ def _order(rounds: list, local: list) -> tuple:
     """Check every read of old bytes against the writes that land on them, in the loop's fixed order.
 
     Times in :func:`exchange`'s order: round j is packed at 4j, posted at 4j+1, done by 4j+6 (its
-    wait comes after round j+1 is posted) and unpacked at 4j+7; early local copies run at -2; the
-    others read bytes no write lands on and write bytes nobody reads (else a conflict), so they may
-    run at any time (spread over the rounds). A direct send reads during [4j+1, 4j+6], a packed one at 4j; a direct receive writes
+    wait comes after round j+1 is posted) and unpacked at 4j+7; early local copies run at -2, the
+    others at 2. A direct send reads during [4j+1, 4j+6], a packed one at 4j; a direct receive writes
     from 4k+1, an unpacked one at 4k+7. Returns (early copies, late copies, conflicting storages) and
     marks the sends that must be packed."""
     writes: dict = {}
@@ -344,19 +341,8 @@ def plan_moves(pieces: list, kinds: list, views, me: int, world: int, dtype,
     return Moves(rounds, early + late, len(early), conflicts)
 
 
-def _blocks(copies: list, chunk_bytes: int) -> list:
-    """Local copies cut into row blocks of at most ``chunk_bytes`` (one row at least), so they can be
-    spread over the rounds."""
-    out = []
-    for src, dst in copies:
-        row = max(1, src[:1].numel() * src.element_size())
-        per = max(1, chunk_bytes // row)
-        out.extend((src[r:r + per], dst[r:r + per]) for r in range(0, src.shape[0], per))
-    return out
-
-
 @torch.no_grad()
-def exchange(moves: Moves, group, device, chunk_bytes: int = CHUNK_BYTES) -> dict:
+def exchange(moves: Moves, group, device) -> dict:
     """Run a planned move; collective over ``group`` (every rank runs its own plan of the same pieces).
 
     Returns ``{"bytes_local": ..., "transient_peak": ...}``: bytes copied without the wire and the
@@ -368,20 +354,14 @@ def exchange(moves: Moves, group, device, chunk_bytes: int = CHUNK_BYTES) -> dic
     rounds = [_Round(k, s, r, staging) for k, (s, r) in enumerate(moves.rounds)]
     for src, dst in moves.local[:moves.early]:    # they read memory that round 0 may receive into
         dst.copy_(src)
-    # the other local copies go in equal shares while rounds are on the wire: a rank would
-    # otherwise only wait there
-    late = _blocks(moves.local[moves.early:], chunk_bytes)
-    share = -(-len(late) // max(1, len(rounds)))
     if rounds:
         rounds[0].start(group, world)
+    for src, dst in moves.local[moves.early:]:    # while round 0 is on the wire
+        dst.copy_(src)
     for k, rnd in enumerate(rounds):
         if k + 1 < len(rounds):
             rounds[k + 1].start(group, world)     # on the wire behind round k: the wire never idles
-        for src, dst in late[k * share:(k + 1) * share]:
-            dst.copy_(src)
         rnd.finish()
-    for src, dst in late[len(rounds) * share:]:   # no rounds at all
-        dst.copy_(src)
     local_bytes = sum(s.numel() * s.element_size() for s, _ in moves.local)
     return {"bytes_local": local_bytes, "transient_peak": staging.nbytes}
 
