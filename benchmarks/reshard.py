@@ -7,6 +7,11 @@ state) between preallocated buffers, measured in the same processes right after 
 TorchRec 1.8's ``reshard`` runs in its own interpreter on the moves it supports (table- and
 column-wise placement changes); it is skipped with a message where none is installed.
 
+Our ranks run once per value of ``--thp`` (default ``0,1``: one line each, ``thp_mem_alloc_enable``):
+``THP_MEM_ALLOC_ENABLE`` in the environment they start with, so torch's CPU allocator gives tensors
+of 2 MiB or more huge pages (``1``) or not (``0``), as ``shardwise train`` does by default. The floors
+run in the same processes, under the same setting. TorchRec runs once per move, without it.
+
 ``first_ms`` is the first reshard of the process (the one users meet: a job reshards rarely), and
 ``first_floor_fresh_ms`` the first ``all_to_all_single`` of the same sizes into a newly allocated
 buffer; ``first_ratio`` divides them. ``transient_bytes``: the most bytes of message buffers the move
