@@ -1,6 +1,7 @@
 """`shardwise train` starts its workers with THP_MEM_ALLOC_ENABLE=1 unless the user set it: a worker's
 torch then advises its big tensors' memory for transparent huge pages."""
 
+import os
 import subprocess
 import sys
 
@@ -37,6 +38,8 @@ def _train_env(monkeypatch, tmp_path, user_value):
                                    check=True).stdout.split())
     monkeypatch.setattr(launch_mod, "launch", fake_launch)
     assert main(["train", "--device", "cpu", "--out", str(tmp_path / "r")]) == 0
+    # the caller of main() keeps its own environment: set only while the workers start
+    assert os.environ.get(THP_ENV) == user_value
     return seen
 
 
