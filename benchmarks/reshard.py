@@ -7,6 +7,11 @@ state) between preallocated buffers, measured in the same processes right after 
 TorchRec 1.8's ``reshard`` runs in its own interpreter on the moves it supports (table- and
 column-wise placement changes); it is skipped with a message where none is installed.
 
+Our ranks run once per value of ``--thp`` (default ``0,1``: one line each, ``thp_mem_alloc_enable``):
+``THP_MEM_ALLOC_ENABLE`` in the environment they start with, so torch's CPU allocator gives tensors
+of 2 MiB or more huge pages (``1``) or not (``0``), as ``shardwise train`` does by default. The floors
+run in the same processes, under the same setting. TorchRec runs once per move, without it.
+
 ``first_ms`` is the first reshard of the process (the one users meet: a job reshards rarely), and
 ``first_floor_fresh_ms`` the first ``all_to_all_single`` of the same sizes into a newly allocated
 buffer; ``first_ratio`` divides them. ``transient_bytes``: the most bytes of message buffers the move
@@ -50,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -57,6 +63,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import emit, rss_per_rank, spawn  # noqa: E402
 
+THP_ENV = "THP_MEM_ALLOC_ENABLE"   # torch's CPU allocator: 2 MiB huge pages for tensors >= 2 MiB
 MOVES = ("tw_swap_all", "tw_swap", "cw_swap", "tw_to_rw", "rw_to_cw")
 TORCHREC_MOVES = ("tw_swap_all", "tw_swap", "cw_swap")
 
@@ -296,8 +303,8 @@ def torchrec_ms(args, move: str):
         return None, "no TorchRec interpreter (pass --torchrec-python or set SHARDWISE_TORCHREC_PYTHON)"
     cmd = [python, os.path.abspath(__file__), "--impl", "torchrec", "--moves", move, "--tables", str(args.tables),
            "--rows", str(args.rows), "--dim", str(args.dim), "--reps", str(args.reps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONHASHSEED="0",
-                                                                        PYTHONPATH=""))
+    env = {k: v for k, v in os.environ.items() if k != THP_ENV}   # TorchRec as its users run it
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(env, PYTHONHASHSEED="0", PYTHONPATH=""))
     if proc.returncode:
         return None, "TorchRec run failed: " + proc.stderr.strip().splitlines()[-1][:300]
     recs = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -313,6 +320,8 @@ def main(argv=None) -> None:
     p.add_argument("--moves", default=",".join(MOVES))
     p.add_argument("--torchrec-python", default=None)
     p.add_argument("--impl", default="all", choices=["all", "torchrec"])
+    p.add_argument("--thp", default="0,1", help=f"values of {THP_ENV} to start our ranks with, one line each "
+                                                 "(default %(default)s; TorchRec runs once per move, unset)")
     args = p.parse_args(argv)
     moves = args.moves.split(",")
     shape = {"tables": args.tables, "rows": args.rows, "dim": args.dim, "dtype": "fp32", "world": 2,
@@ -321,41 +330,51 @@ def main(argv=None) -> None:
         for move in moves:
             emit({"bench": "reshard", "impl": "torchrec", "move": move, **spawn(run_torchrec, 2, args, move)})
         return
+    user_thp = os.environ.get(THP_ENV)
     for move in moves:
-        ours = spawn(run_ours, 2, args, move)
-        rec = {"bench": "reshard", "move": move, **shape, "bytes_sent_per_rank": ours["bytes_sent"],
-               "tables_moved": ours["tables_moved"], "ms": round(ours["ms"], 1), "ms_each_way": ours["ms_each_way"],
-               "floor_ms": round(ours["floor_ms"], 1), "ratio_vs_floor": round(ours["ms"] / ours["floor_ms"], 3),
-               "ratio_vs_floor_paired": round(ours["paired"], 3),
-               "cpu_ms": round(ours["cpu_ms"], 1), "floor_cpu_ms": round(ours["floor_cpu_ms"], 1),
-               "floor_fresh_ms": round(ours["floor_fresh_ms"], 1),
-               "ratio_vs_floor_fresh": round(ours["ms"] / ours["floor_fresh_ms"], 3),
-               "first_ms": round(ours["first_ms"], 1), "first_floor_fresh_ms": round(ours["first_floor_ms"], 1),
-               "first_ratio": round(ours["first_ms"] / ours["first_floor_ms"], 3),
-               "transient_bytes": ours["transient_bytes"],
-               # rank 0's (bytes in old store memory taken over, bytes in new memory) of the last two
-               # reshards (one each way) and of the first; alloc: writing the most new-memory bytes of
-               # any rank once, after the same reshard; paired: ours / (floor + alloc)
-               "bytes_reused_allocated": ours["bytes_reused"], "first_reused_allocated": ours["first_split"],
-               "alloc_ms": round(ours["touch_ms"], 1),
-               "ratio_vs_floor_plus_alloc_paired": round(ours["paired_alloc"], 3),
-               # copy: one warm local copy of the bytes sent (a swap in place stages every send)
-               "copy_ms": round(ours["copy_ms"], 1), "ratio_vs_floor_plus_copy_paired": round(ours["paired_copy"], 3),
-               "first_alloc_ms": round(ours["first_touch_ms"], 1),
-               "first_ratio_vs_fresh_plus_alloc": round(
-                   ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3),
-               # every rank's peak RSS over the whole run next to what it must hold (see run_ours)
-               **ours["rss"]}
-        if move == "rw_to_cw":
-            theirs = spawn(run_torch_dtensor, 2, args, move)["ms"]
-            rec.update(torch_dtensor_ms=round(theirs, 1), ratio_vs_torch_dtensor=round(ours["ms"] / theirs, 3))
-        if move in TORCHREC_MOVES:
-            theirs, why = torchrec_ms(args, move)
-            if theirs is None:
-                print(f"# TorchRec skipped for {move}: {why}", file=sys.stderr)
-            else:
-                rec.update(torchrec_ms=round(theirs, 1), ratio_vs_torchrec=round(ours["ms"] / theirs, 3))
-        emit(rec)
+        theirs, why = torchrec_ms(args, move) if move in TORCHREC_MOVES else (None, "")
+        if why:
+            print(f"# TorchRec skipped for {move}: {why}", file=sys.stderr)
+        for thp in args.thp.split(","):
+            # read by torch's allocator when a rank starts: the spawned ranks inherit it
+            os.environ[THP_ENV] = thp
+            emit(_line(args, move, thp, shape, theirs))
+        os.environ.pop(THP_ENV) if user_thp is None else os.environ.update({THP_ENV: user_thp})
+
+
+def _line(args, move: str, thp: str, shape: dict, torchrec: Optional[float]) -> dict:
+    """One JSON line: our reshard of ``move`` with ranks started under THP_MEM_ALLOC_ENABLE=``thp``."""
+    ours = spawn(run_ours, 2, args, move)
+    rec = {"bench": "reshard", "move": move, **shape, "thp_mem_alloc_enable": thp,
+           "bytes_sent_per_rank": ours["bytes_sent"],
+           "tables_moved": ours["tables_moved"], "ms": round(ours["ms"], 1), "ms_each_way": ours["ms_each_way"],
+           "floor_ms": round(ours["floor_ms"], 1), "ratio_vs_floor": round(ours["ms"] / ours["floor_ms"], 3),
+           "ratio_vs_floor_paired": round(ours["paired"], 3),
+           "cpu_ms": round(ours["cpu_ms"], 1), "floor_cpu_ms": round(ours["floor_cpu_ms"], 1),
+           "floor_fresh_ms": round(ours["floor_fresh_ms"], 1),
+           "ratio_vs_floor_fresh": round(ours["ms"] / ours["floor_fresh_ms"], 3),
+           "first_ms": round(ours["first_ms"], 1), "first_floor_fresh_ms": round(ours["first_floor_ms"], 1),
+           "first_ratio": round(ours["first_ms"] / ours["first_floor_ms"], 3),
+           "transient_bytes": ours["transient_bytes"],
+           # rank 0's (bytes in old store memory taken over, bytes in new memory) of the last two
+           # reshards (one each way) and of the first; alloc: writing the most new-memory bytes of
+           # any rank once, after the same reshard; paired: ours / (floor + alloc)
+           "bytes_reused_allocated": ours["bytes_reused"], "first_reused_allocated": ours["first_split"],
+           "alloc_ms": round(ours["touch_ms"], 1),
+           "ratio_vs_floor_plus_alloc_paired": round(ours["paired_alloc"], 3),
+           # copy: one warm local copy of the bytes sent (a swap in place stages every send)
+           "copy_ms": round(ours["copy_ms"], 1), "ratio_vs_floor_plus_copy_paired": round(ours["paired_copy"], 3),
+           "first_alloc_ms": round(ours["first_touch_ms"], 1),
+           "first_ratio_vs_fresh_plus_alloc": round(
+               ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3),
+           # every rank's peak RSS over the whole run next to what it must hold (see run_ours)
+           **ours["rss"]}
+    if move == "rw_to_cw":
+        theirs = spawn(run_torch_dtensor, 2, args, move)["ms"]
+        rec.update(torch_dtensor_ms=round(theirs, 1), ratio_vs_torch_dtensor=round(ours["ms"] / theirs, 3))
+    if torchrec is not None:
+        rec.update(torchrec_ms=round(torchrec, 1), ratio_vs_torchrec=round(ours["ms"] / torchrec, 3))
+    return rec
 
 
 if __name__ == "__main__":

@@ -14,13 +14,42 @@ Example::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Optional
 
 __all__ = ["main", "build_parser"]
+
+
+# Read by torch's CPU allocator once, at a process's first allocation: the memory of tensors of 2 MiB
+# or more is then advised for transparent huge pages (madvise). A fresh page's first touch is most of what a
+# reshard into new stores costs on CPU, and 2 MiB pages fault in 512x fewer times.
+THP_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+@contextlib.contextmanager
+def worker_environment():
+    """While open: ``THP_MEM_ALLOC_ENABLE=1`` in this process's environment, which the workers started
+    meanwhile inherit, unless the user already set it to anything (their own value wins); removed
+    again on exit, so a caller of :func:`main` keeps its environment. Only ``shardwise train`` opens
+    it, around the launch; the library never sets the variable.
+
+    Example:
+        >>> with worker_environment():                               # doctest: +SKIP
+        ...     launch(cfg, 2)
+    """
+    if THP_ENV in os.environ:
+        yield
+        return
+    os.environ[THP_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(THP_ENV, None)
 
 
 class _TRAIN_DEFAULTS:   # `shardwise plan` plans by default what `shardwise train` would (no torch import here)
@@ -78,7 +107,11 @@ def _train_parser(sub) -> None:
 
     t = sub.add_parser("train", help="train the DLRM demo job across local processes (or many machines)",
                        description="Train a DLRM-style click model: sharded embeddings, data-parallel MLPs. "
-                                   "Launches the workers with torch's elastic launcher (as torchrun does).")
+                                   "Launches the workers with torch's elastic launcher (as torchrun does). "
+                                   f"The workers start with {THP_ENV}=1 (torch's CPU allocator then puts tensors "
+                                   "of 2 MiB or more on transparent huge pages: a reshard that fills new stores "
+                                   f"took a third to a half less CPU here) unless {THP_ENV} is already set, "
+                                   f"e.g. {THP_ENV}=0 to keep 4 KiB pages.")
     add_train_arguments(t)
     t.add_argument("--nproc-per-node", "--world-size", dest="nproc_per_node", type=int, default=2,
                    help="processes on this machine; on one machine this is the world size, which may differ "
@@ -115,7 +148,8 @@ def _cmd_train(ns) -> int:
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
     try:
-        launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
+        with worker_environment():   # the workers (and restarted ones) inherit it
+            launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
     except Exception as e:   # the launcher's ChildFailedError: name the ranks, the causes, the way on
         if type(e).__name__ != "ChildFailedError":
             raise
