@@ -162,7 +162,7 @@ class Trainer:
         cfg = self.cfg
         ebc = make_ebc(self.cards, cfg.dim, cfg.seed)
         opt = functools.partial(torch.optim.Adagrad, lr=cfg.lr_sparse)
-        self.sparse = shard(ebc, self.plan, mesh=self.mesh, optimizer=opt)
+        self.sparse = shard(ebc, self.plan, mesh=self.mesh, optimizer=opt, compile_optimizer=cfg.compile_update)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
             arch = DenseArch(len(self.tables), cfg.dim).to(self.device)
