@@ -42,7 +42,7 @@ class StepLog:
         self._losses: list = []
         self._scores: list = []
         self._labels: list = []
-        self._flight = None   # (work, sent, received, steps, losses, scores) of a started all-gather
+        self._flight = None   # (work, sent, received, steps, #losses, #scores) of a started all-gather
 
     def add(self, step: int, loss: torch.Tensor, logits: torch.Tensor, labels: torch.Tensor) -> None:
         """Record one step locally (no collective; tensors are kept, not synchronised)."""
