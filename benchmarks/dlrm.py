@@ -9,7 +9,9 @@ job's seeds) into one file that both libraries load.
 
 - shardwise: the job's own ``Trainer`` (its planner, its dense runner, its step) fed the
   pre-generated batches, in variants: the planner's plan or all table-wise, dense ``compile``
-  (``replicate``) or ``ddp``. ``job_default`` marks the variant the job runs by default.
+  (``replicate``) or ``ddp``; a ``+compiled`` suffix (e.g. ``planner+ddp+compiled``, not run by
+  default) runs the tables' fused update through ``torch.compile`` (``compile_optimizer=True``).
+  ``job_default`` marks the variant the job runs by default.
 - TorchRec: ``DistributedModelParallel`` with its own planner, the dense part under its DDP, the
   tables' Adagrad fused in backward; a plain loop and ``TrainPipelineSparseDist``.
 - ``shardwise train`` with its defaults (data generated on the fly, progress logging, checkpoints,
@@ -96,15 +98,17 @@ def _shardwise_trainer(variant: str, blob: dict, batches: list, tmp: str):
     from shardwise.train.loop import Trainer
     from shardwise.train.model import make_ebc
 
-    plan_kind, dense_mode = variant.split("+")
+    plan_kind, dense_mode, *rest = variant.split("+")
     cfg = TrainConfig(steps=1 << 30, quiet=True, checkpoint_every=0, reshard_at=0, dense_parallel=dense_mode,
                       out=os.path.join(tmp, variant))
     tr = Trainer(cfg, init_device_mesh("cpu", (dist.get_world_size(),)))
-    if plan_kind == "table_wise":
-        tr.plan = {t.name: table_wise(i % tr.world) for i, t in enumerate(tr.tables)}
+    if plan_kind == "table_wise" or rest == ["compiled"]:   # +compiled: the torch.compile'd EBC update
+        if plan_kind == "table_wise":
+            tr.plan = {t.name: table_wise(i % tr.world) for i, t in enumerate(tr.tables)}
         import functools
         tr.sparse = shard(make_ebc(tr.cards, cfg.dim, cfg.seed), tr.plan, mesh=tr.mesh,
-                          optimizer=functools.partial(torch.optim.Adagrad, lr=cfg.lr_sparse))
+                          optimizer=functools.partial(torch.optim.Adagrad, lr=cfg.lr_sparse),
+                          compile_optimizer=rest == ["compiled"])
     inputs = [(d, KeyedJaggedTensor(blob["keys"], v, lengths=n), y) for d, v, n, y in batches]
     per_step = tr.world * cfg.batch_size
     # the job's own step, reading the pre-generated batch of the step it is at
@@ -242,7 +246,7 @@ def one_round(args, blob: str, tmp: str, info: dict, shape: dict, i: int) -> dic
     for v, ms in ours["ms"].items():
         emit({"bench": "dlrm", "round": i, "impl": "shardwise", "variant": v, "ms_per_step": round(ms, 2),
               "job_default": v == f"planner+{info['default_dense']}", "plan": ours["plans"][v],
-              "loss_first_steps": [round(x, 6) for x in ours["losses"][v]], "compiled_update": False,
+              "loss_first_steps": [round(x, 6) for x in ours["losses"][v]], "compiled_update": v.endswith("+compiled"),
               **ours["rss"], **shape})
     theirs = torchrec_round(args, blob)
     for v, ms in (theirs or {"ms": {}})["ms"].items():

@@ -43,6 +43,9 @@ class TrainConfig:
     seed: int = 0
     # DDP until compile-mode replicate is at least as fast in this job (docs/train.md, "Dense modes")
     dense_parallel: str = "ddp"
+    # the tables' fused update through torch.compile: faster steps, but a compile at start-up that
+    # the demo's 1000 steps do not win back (docs/train.md, "The compiled update")
+    compile_update: bool = False
     rows: int = 100000
     dim: int = 16
     lr_dense: float = 0.003
@@ -77,6 +80,8 @@ class TrainConfig:
                 or self.reshard_min_window < 1:
             raise ValueError(f"reshard_min_window={self.reshard_min_window!r} must be an int >= 1 (steps of measured "
                              f"load a reshard decision needs), e.g. --reshard-min-window 10")
+        if not isinstance(self.compile_update, bool):
+            raise ValueError(f"compile_update={self.compile_update!r} must be True or False (--compile-update)")
         if self.dense_parallel not in _DENSE_MODES:
             raise ValueError(f"dense_parallel={self.dense_parallel!r} must be one of {_DENSE_MODES}")
         if self.memory_per_rank_mb is not None and (not isinstance(self.memory_per_rank_mb, (int, float))

@@ -162,7 +162,7 @@ class Trainer:
         cfg = self.cfg
         ebc = make_ebc(self.cards, cfg.dim, cfg.seed)
         opt = functools.partial(torch.optim.Adagrad, lr=cfg.lr_sparse)
-        self.sparse = shard(ebc, self.plan, mesh=self.mesh, optimizer=opt)
+        self.sparse = shard(ebc, self.plan, mesh=self.mesh, optimizer=opt, compile_optimizer=cfg.compile_update)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
             arch = DenseArch(len(self.tables), cfg.dim).to(self.device)
@@ -251,12 +251,14 @@ class Trainer:
                 t_step = time.perf_counter()
                 loss, logits, labels = pipe.progress(batches)
                 log.add(self.step, loss, logits, labels)
+                if log.in_flight:   # the last log step's all-gather had this whole step to arrive
+                    self._show(log, progress)
                 if self.step == seen0 + 1:   # the first step traces the compiled graph: time from after it
                     t1 = time.perf_counter()
                 saved = bool(cfg.checkpoint_every) and (self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps)
                 shown = self.step % cfg.log_every == 0 or self.step == cfg.steps
                 if shown or saved:   # a saved history holds every step's loss
-                    self._log(log, progress, shown, seen0, t1)
+                    self._log(log, progress, shown, saved or self.step == cfg.steps, seen0, t1)
                 ckpt.fault_point("step", self.step)
                 self.steady.add(self.step, time.perf_counter() - t_step,
                                 "startup" if self.step - seen0 <= _WARMUP_STEPS else
@@ -265,15 +267,27 @@ class Trainer:
                     self.elapsed_now = self.elapsed + time.perf_counter() - t0
                     self.save()
 
-    def _log(self, log: StepLog, progress: Progress, shown: bool, seen0: int, t1: float) -> None:
+    def _log(self, log: StepLog, progress: Progress, shown: bool, final: bool, seen0: int, t1: float) -> None:
         """Collective: the steps since the last log get their global losses; at log steps also the
-        window AUC, the running examples/s and the progress bar."""
-        loss_g, _ = log.flush(with_auc=shown)
-        if not shown:
+        window AUC, the running examples/s and the progress bar. Before a checkpoint and at the last
+        step the history is completed now; at other log steps the all-gather runs in the background
+        and the next step shows its numbers (:meth:`_show`), so no rank waits for the other here."""
+        if shown:
+            rate = (self.step - seen0 - 1) * self.world * self.cfg.batch_size / max(time.perf_counter() - t1, 1e-9)
+            self.history["examples_per_s"].append(rate)
+            self._shown = (self.step, rate)
+        if shown and not final:
+            log.start(with_auc=True)
             return
-        rate = (self.step - seen0 - 1) * self.world * self.cfg.batch_size / max(time.perf_counter() - t1, 1e-9)
-        self.history["examples_per_s"].append(rate)
-        progress.update(self.step, loss_g, log.last_auc(), rate)
+        loss_g, _ = log.flush(with_auc=shown)
+        if shown:
+            progress.update(self.step, loss_g, log.last_auc(), rate)
+
+    def _show(self, log: StepLog, progress: Progress) -> None:
+        """The progress bar at the last log step, once its all-gather has arrived."""
+        loss_g, _ = log.collect()
+        step, rate = self._shown
+        progress.update(step, loss_g, log.last_auc(), rate)
 
     def _reshard(self, progress) -> None:
         stats = self.sparse.load_stats(reset=True)   # collective: the same numbers on every rank

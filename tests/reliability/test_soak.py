@@ -116,7 +116,7 @@ def _demo_soak(rank, world, steps):
             rss.append((step, _rss_mb()))
             if step in (WARMUP, steps):
                 caches[step] = {**_caches(), "compiled_traces": trainer.dense._step.traces}
-            # the data walks forward (a new 4096-example block every 128 steps): bounded, not constant
+            # the data walks forward (a new 256-example sub-block every 8 steps): bounded, not constant
             blocks.append((step, len(trainer.data._cache)))
     ckpt.fault_point = sample
     start = time.perf_counter()
@@ -153,7 +153,7 @@ def test_demo_soak_memory_flat_and_caches_bounded():
     r = results[0]
     full_at = min((step for step, n in r["data_blocks"] if n == 9), default=None)
     assert full_at and max(n for _, n in r["data_blocks"]) == 9, f"data block cache not bounded at 9: {r['data_blocks']}"
-    # until then each new 1 MB block is expected growth (and the allocator settles for a further ~200
+    # until then each new ~70 KB sub-block is expected growth (and the allocator settles for a further ~200
     # steps, the evicted blocks' memory being reused); from then on nothing may grow
     settled = [mb for step, mb in r["rss"] if step >= full_at + 200]
     assert len(settled) >= 4, f"the data cache filled too late to watch RSS afterwards: step {full_at}"

@@ -126,3 +126,18 @@ def test_hidden_model_logits_refuse_ids_beyond_a_table():
     b.ids[2, 5] = CARDS[5]
     with pytest.raises(ValueError, match="beyond its table"):
         hidden_model_logits(data, b)
+
+
+def test_a_rank_generates_only_the_sub_blocks_it_reads():
+    # rank 1 of 2 at 256 examples per rank: the job reads cursor + 256, the cursor advancing by 512
+    data, made = SyntheticClicks(3, CARDS), []
+    real = data._block
+    data._block = lambda index: made.append(index) or real(index)
+    mine = [data.batch(step * 512 + 256, 256) for step in range(4)]
+    assert made == [1, 3, 5, 7]   # 256-example sub-blocks: only this rank's rows are drawn
+    # the same examples as one reader of the whole stream (any world size sees the same log)
+    whole = SyntheticClicks(3, CARDS).batch(0, 4 * 512)
+    for step, got in enumerate(mine):
+        rows = slice(step * 512 + 256, step * 512 + 512)
+        for f in ("dense", "ids", "labels"):
+            np.testing.assert_array_equal(getattr(got, f), getattr(whole, f)[rows])

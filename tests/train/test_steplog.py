@@ -1,6 +1,7 @@
 """The job's log without a per-step collective: StepLog's losses equal the per-step all-reduced mean
 bit for bit and its window AUC equals the AUC of every rank's predictions (world 2 and 3); the
-Trainer's logged history holds every step's global mean loss, also across checkpoint flushes."""
+Trainer's logged history holds every step's global mean loss, also across checkpoint flushes; a flush
+started in the background (start, other collectives, collect a step later) gives the same numbers."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ from shardwise.train.report.steplog import StepLog
 
 def _new_history() -> dict:
     return {"step": [], "loss": [], "auc_step": [], "auc": [], "examples_per_s": []}
+
+
+def _gathered_auc(s, lab, world):
+    every_s = [torch.empty_like(s) for _ in range(world)]
+    every_y = [torch.empty_like(lab) for _ in range(world)]
+    dist.all_gather(every_s, s)
+    dist.all_gather(every_y, lab)
+    return auc(torch.cat(every_s), torch.cat(every_y))
 
 
 def _steplog(rank, world):
@@ -36,16 +45,20 @@ def _steplog(rank, world):
         labels.append(y)
         if step == 3:                      # a checkpoint flush: losses only, the window stays
             assert log.flush(with_auc=False)[1] is None
-        if step in (5, 11):
-            last, a = log.flush(with_auc=True)
-            s, lab = torch.cat(scores), torch.cat(labels)
-            every_s = [torch.empty_like(s) for _ in range(world)]
-            every_y = [torch.empty_like(lab) for _ in range(world)]
-            dist.all_gather(every_s, s)
-            dist.all_gather(every_y, lab)
-            got.append((last, a, auc(torch.cat(every_s), torch.cat(every_y))))
+        if step == 5:                      # in the background: other collectives run before collect()
+            log.start(with_auc=True)
+            assert log.in_flight and log.pending == 0
+            window = (torch.cat(scores), torch.cat(labels))
             scores, labels = [], []
-    assert log.pending == 0 and log.flush(with_auc=True) == (None, None)
+        if step == 6:                      # collected a step later; step 6 belongs to the next flush
+            last, a = log.collect()
+            assert not log.in_flight and log.pending == 1 and history["step"] == list(range(1, 6))
+            got.append((last, a, _gathered_auc(*window, world)))
+        if step == 11:
+            last, a = log.flush(with_auc=True)
+            got.append((last, a, _gathered_auc(torch.cat(scores), torch.cat(labels), world)))
+            scores, labels = [], []
+    assert log.pending == 0 and log.flush(with_auc=True) == (None, None) and log.collect() == (None, None)
     return history, want_loss, got
 
 

@@ -3,8 +3,9 @@
 Start-up steps (the first traces the compiled dense graph), the step that follows a live reshard
 (it re-routes the prefetched batch on the new layout) and checkpoint steps are left out; evaluation
 and the saves themselves run outside the timed steps. A timed step is the whole loop iteration a
-training step takes: the pipelined step and, every ``log_every`` steps, the one all-gather that gives
-the logged steps their global mean losses and the window its AUC (report/steplog.py).
+training step takes: the pipelined step and, every ``log_every`` steps, the all-gather that gives
+the logged steps their global mean losses and the window its AUC (report/steplog.py; started at the
+log step and read at the next one).
 
 Example:
     >>> s = Steady(examples_per_step=512)
