@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ...sparse import KeyedJaggedTensor
+from .bucketing import RowBucketing
 from .comm import AllToAll, ReduceScatter
 from .routing import Routing
 from .store import FusedLookup, ShardStore
@@ -51,6 +52,7 @@ class InputDist:
             torch.arange(len(self.slots_per_dest), device=topo.device),
             torch.tensor(self.slots_per_dest, device=topo.device))
         self.range_starts = [torch.tensor(s, dtype=torch.int64, device=topo.device) for s in routing.range_starts]
+        self.bucketing = RowBucketing.build(routing, topo.device, self.slot_unit.tolist(), self.slot_shift.tolist())
 
     def _features(self, kjt: KeyedJaggedTensor):
         """Values, lengths [F*B] and weights of this group's features (absent ones as empty bags)."""
@@ -106,6 +108,10 @@ class InputDist:
         ``keep_positions``, else None) is (each sent id's input position, ids per slot)."""
         batch = kjt.stride()
         values, lengths, weights, counts = self._features(kjt)
+        if self.bucketing is not None:   # row blocks, each sent to one rank: no sort (bucketing.py)
+            send_ids, send_lengths, send_w, slot_len, pos = self.bucketing(values, lengths, weights, counts, batch,
+                                                                           self.keep_positions)
+            return send_ids, send_lengths, send_w, slot_len, batch, (pos, slot_len) if self.keep_positions else None
         values, weights, unit_lengths, order = self._units(values, lengths, weights, counts, batch)
         seg = unit_lengths.sum(1)
         slot_len = seg.index_select(0, self.slot_unit)
