@@ -1,4 +1,5 @@
-"""The sort-free row-block bucketing against the stable-sort path it replaces (same ids, same order).
+"""The input dist's fast paths against the general paths they replace (same ids, same order): the
+sort-free row-block bucketing against the stable sort, the per-slot copy against the gather.
 
 Both paths are run on one InputDist (no processes: route() has no collective); the sort path is the
 one the end-to-end tests check against plain PyTorch, and it still serves column-wise groups.
@@ -83,3 +84,27 @@ def test_bucketing_uneven_blocks_equals_sort_path():
         fast = ind.route(kjt)
         ind.bucketing = None
         _same(fast, ind.route(kjt))
+
+
+@pytest.mark.parametrize("kind", ["table_wise", "column_wise"])
+def test_slot_copy_equals_index_path(kind, monkeypatch):
+    """Whole-table units (table- and column-wise): the per-slot copy against the gather path."""
+    from shardwise.embedding.plan import values as pv
+    from shardwise.embedding.sharding import column_wise as cw, stages, table_wise as tw
+
+    g = torch.Generator().manual_seed(1)
+    world = 3
+    cfgs = [EmbeddingBagConfig(num_embeddings=20 + i, embedding_dim=6, name=f"t{i}", feature_names=[f"f{i}", f"g{i}"])
+            for i in range(4)]
+    sharder, ps = (tw, lambda i: pv.table_wise(i % world)) if kind == "table_wise" else \
+        (cw, lambda i: pv.column_wise([(i + k) % world for k in range(world)]))
+    for rank in range(world):
+        topo = types.SimpleNamespace(device=torch.device("cpu"), rank=rank, world_size=world)
+        boxes = [b for i, c in enumerate(cfgs) for b in sharder.SHARDER.layout(c, ps(i), topo)]
+        for weighted in (False, True):
+            ind = InputDist(Routing(GroupSpec(cfgs, boxes, {}, 0), world), topo, weighted)
+            kjt = _batch(cfgs, 5, weighted, g)
+            fast = ind.route(kjt)
+            monkeypatch.setattr(stages, "_SLOT_LOOP", -1)
+            _same(fast, ind.route(kjt))
+            monkeypatch.undo()

@@ -23,6 +23,9 @@ __all__ = ["Routed", "InputDist", "GroupedLookup", "AllToAllOutputDist", "Reduce
            "LocalOutputDist"]
 
 
+_SLOT_LOOP = 64   # up to this many slots a loop of slice copies beats the gather (Python cost per slot)
+
+
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, 0) - x
 
@@ -52,6 +55,7 @@ class InputDist:
             torch.arange(len(self.slots_per_dest), device=topo.device),
             torch.tensor(self.slots_per_dest, device=topo.device))
         self.range_starts = [torch.tensor(s, dtype=torch.int64, device=topo.device) for s in routing.range_starts]
+        self.shifts = self.slot_shift.tolist()
         self.bucketing = RowBucketing.build(routing, topo.device, self.slot_unit.tolist(), self.slot_shift.tolist())
 
     def _features(self, kjt: KeyedJaggedTensor):
@@ -117,6 +121,9 @@ class InputDist:
         slot_len = seg.index_select(0, self.slot_unit)
         slot_start = (_exclusive_cumsum(seg)).index_select(0, self.slot_unit)
         total = int(slot_len.sum().item()) if slot_len.numel() else 0
+        if not self.keep_positions and len(self.shifts) <= _SLOT_LOOP:
+            send_ids, send_w = self._copy_slots(values, weights, slot_start.tolist(), slot_len.tolist(), total)
+            return send_ids, unit_lengths.index_select(0, self.slot_unit).flatten(), send_w, slot_len, batch, None
         idx = torch.repeat_interleave(slot_start - _exclusive_cumsum(slot_len), slot_len, output_size=total)
         idx = idx + torch.arange(total, device=idx.device)
         send_ids = values.index_select(0, idx) + torch.repeat_interleave(self.slot_shift, slot_len,
@@ -125,6 +132,19 @@ class InputDist:
         send_lengths = unit_lengths.index_select(0, self.slot_unit).flatten()
         sent = (idx if order is None else order.index_select(0, idx), slot_len) if self.keep_positions else None
         return send_ids, send_lengths, send_w, slot_len, batch, sent
+
+    def _copy_slots(self, values, weights, starts: list, lens: list, total: int):
+        """Each slot's ids, shifted to its box's buffer rows, copied into the send buffer: one pass
+        over the ids (the index path makes six)."""
+        send_ids = values.new_empty(total)
+        send_w = None if weights is None else weights.new_empty(total)
+        at = 0
+        for s, n, shift in zip(starts, lens, self.shifts):
+            torch.add(values[s:s + n], shift, out=send_ids[at:at + n])
+            if send_w is not None:
+                send_w[at:at + n] = weights[s:s + n]
+            at += n
+        return send_ids, send_w
 
     def _per_width(self, ids, lengths, weights, batch_sizes) -> Routed:
         me = self.topo.rank
