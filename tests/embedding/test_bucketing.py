@@ -1,8 +1,10 @@
 """The input dist's fast paths against the general paths they replace (same ids, same order): the
 sort-free row-block bucketing against the stable sort, the per-slot copy against the gather.
 
-Both paths are run on one InputDist (no processes: route() has no collective); the sort path is the
-one the end-to-end tests check against plain PyTorch, and it still serves column-wise groups.
+Both paths are run on one InputDist (no processes: route() has no collective); the general paths are
+the ones the end-to-end tests checked against plain PyTorch before the fast paths existed, and they
+still serve tables of more than 8 row blocks, sequence positions of whole-table units and more than
+64 slots.
 """
 
 import types

@@ -27,6 +27,7 @@ import torch
 __all__ = ["RowBucketing"]
 
 _MAX_BLOCKS = 8   # the one-hot running count costs ids x blocks; beyond this the sort is cheaper
+_MAX_CACHED = 16  # batch sizes whose index maps are kept
 
 
 class RowBucketing:
@@ -79,6 +80,8 @@ class RowBucketing:
                 shift[cells] = self.unit_shift[u]
                 count_at[k * batch + samples] = cells
                 start_at[cells] = k * batch + samples
+        if len(self._per_batch) >= _MAX_CACHED:   # batch sizes that vary every step: keep the cache bounded
+            self._per_batch.clear()
         got = self._per_batch[batch] = (bag_base, shift, count_at, start_at)
         return got
 
