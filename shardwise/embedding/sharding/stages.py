@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ...sparse import KeyedJaggedTensor
+from .bucketing import RowBucketing
 from .comm import AllToAll, ReduceScatter
 from .routing import Routing
 from .store import FusedLookup, ShardStore
@@ -20,6 +21,9 @@ from ..topology import Topology
 
 __all__ = ["Routed", "InputDist", "GroupedLookup", "AllToAllOutputDist", "ReduceScatterOutputDist",
            "LocalOutputDist"]
+
+
+_SLOT_LOOP = 64   # up to this many slots a loop of slice copies beats the gather (Python cost per slot)
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +55,8 @@ class InputDist:
             torch.arange(len(self.slots_per_dest), device=topo.device),
             torch.tensor(self.slots_per_dest, device=topo.device))
         self.range_starts = [torch.tensor(s, dtype=torch.int64, device=topo.device) for s in routing.range_starts]
+        self.shifts = self.slot_shift.tolist()
+        self.bucketing = RowBucketing.build(routing, topo.device, self.slot_unit.tolist(), self.slot_shift.tolist())
 
     def _features(self, kjt: KeyedJaggedTensor):
         """Values, lengths [F*B] and weights of this group's features (absent ones as empty bags)."""
@@ -106,11 +112,18 @@ class InputDist:
         ``keep_positions``, else None) is (each sent id's input position, ids per slot)."""
         batch = kjt.stride()
         values, lengths, weights, counts = self._features(kjt)
+        if self.bucketing is not None:   # row blocks, each sent to one rank: no sort (bucketing.py)
+            send_ids, send_lengths, send_w, slot_len, pos = self.bucketing(values, lengths, weights, counts, batch,
+                                                                           self.keep_positions)
+            return send_ids, send_lengths, send_w, slot_len, batch, (pos, slot_len) if self.keep_positions else None
         values, weights, unit_lengths, order = self._units(values, lengths, weights, counts, batch)
         seg = unit_lengths.sum(1)
         slot_len = seg.index_select(0, self.slot_unit)
         slot_start = (_exclusive_cumsum(seg)).index_select(0, self.slot_unit)
         total = int(slot_len.sum().item()) if slot_len.numel() else 0
+        if not self.keep_positions and len(self.shifts) <= _SLOT_LOOP:
+            send_ids, send_w = self._copy_slots(values, weights, slot_start.tolist(), slot_len.tolist(), total)
+            return send_ids, unit_lengths.index_select(0, self.slot_unit).flatten(), send_w, slot_len, batch, None
         idx = torch.repeat_interleave(slot_start - _exclusive_cumsum(slot_len), slot_len, output_size=total)
         idx = idx + torch.arange(total, device=idx.device)
         send_ids = values.index_select(0, idx) + torch.repeat_interleave(self.slot_shift, slot_len,
@@ -119,6 +132,19 @@ class InputDist:
         send_lengths = unit_lengths.index_select(0, self.slot_unit).flatten()
         sent = (idx if order is None else order.index_select(0, idx), slot_len) if self.keep_positions else None
         return send_ids, send_lengths, send_w, slot_len, batch, sent
+
+    def _copy_slots(self, values, weights, starts: list, lens: list, total: int):
+        """Each slot's ids, shifted to its box's buffer rows, copied into the send buffer: one pass
+        over the ids (the index path makes six)."""
+        send_ids = values.new_empty(total)
+        send_w = None if weights is None else weights.new_empty(total)
+        at = 0
+        for s, n, shift in zip(starts, lens, self.shifts):
+            torch.add(values[s:s + n], shift, out=send_ids[at:at + n])
+            if send_w is not None:
+                send_w[at:at + n] = weights[s:s + n]
+            at += n
+        return send_ids, send_w
 
     def _per_width(self, ids, lengths, weights, batch_sizes) -> Routed:
         me = self.topo.rank
