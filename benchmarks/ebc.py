@@ -8,6 +8,7 @@ each rank's peak RSS (``peak_rss_mib_per_rank``) next to what that rank must hol
 
     .venv/bin/python benchmarks/ebc.py                       # 8 tables x 100k x 64, world 2
     SHARDWISE_TORCHREC_PYTHON=/tmp/torchrec-venv/bin/python .venv/bin/python benchmarks/ebc.py
+    .venv/bin/python benchmarks/ebc.py --thp 1      # both libraries' ranks on huge pages, as the job's workers
 
 TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON; build one
 with ../shared/peers/torchrec-venv.sh); without one it is skipped with a message.
@@ -296,8 +297,14 @@ def main(argv=None) -> None:
     p.add_argument("--impl", default="all", choices=["all", "torchrec", "shardwise"])
     p.add_argument("--no-floors", action="store_true",
                    help="skip the table-wise floors (local lookup + update alone, the all-to-alls alone)")
+    p.add_argument("--thp", choices=("unset", "0", "1"), default="unset",
+                   help="THP_MEM_ALLOC_ENABLE for every rank of both libraries (torch's allocator then puts "
+                        "tensors of 2 MiB or more on huge pages; `shardwise train` starts its workers with 1)")
     args = p.parse_args(argv)
-    shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids)
+    if args.thp != "unset":   # this benchmark's own processes only; inherited by both libraries' ranks alike
+        os.environ["THP_MEM_ALLOC_ENABLE"] = args.thp
+    shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids,
+                 thp_mem_alloc_enable=os.environ.get("THP_MEM_ALLOC_ENABLE", "unset"))
     if args.impl == "torchrec":
         for plan in args.plans:
             ms, rss = measure(args, "torchrec", plan)

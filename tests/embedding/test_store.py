@@ -1,7 +1,5 @@
 """The fused backward's per-row gradient sum against a dense scatter in plain PyTorch."""
 
-import os
-
 import pytest
 import torch
 
@@ -36,35 +34,3 @@ def test_summed_row_gradients_matches_dense_scatter(weighted, num_rows):
     assert rows.dtype == torch.int64 and torch.equal(rows, want_rows)   # unique, sorted
     torch.testing.assert_close(summed.double(), want, rtol=1e-6, atol=1e-6)
 
-
-def _vm_flags(addr: int) -> list:
-    """The VmFlags of the mapping holding ``addr`` in /proc/self/smaps."""
-    current = None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                current = lo <= addr < hi
-            elif current and line.startswith("VmFlags:"):
-                return line.split()[1:]
-    return []
-
-
-@pytest.mark.skipif(not os.path.exists("/sys/kernel/mm/transparent_hugepage"),
-                    reason="needs Linux with transparent huge pages (madvise, smaps)")
-def test_store_buffers_are_advised_to_huge_pages():
-    import functools
-
-    from shardwise.embedding.optim.rules import resolve_optimizer
-    from shardwise.embedding.plan.values import ShardBox
-    from shardwise.embedding.sharding.store import ShardStore
-
-    rule, hp = resolve_optimizer(functools.partial(torch.optim.Adagrad, lr=0.1))
-    weight = torch.randn(40_000, 64)          # 10 MB: several huge pages
-    store = ShardStore([ShardBox("t", 0, 0, 40_000, 0, 64)], 0, {"t": weight}, "cpu", rule=rule, hp=hp)
-    for t in (store.buffers[0], store.states[0]["sum"]):
-        assert "hg" in _vm_flags(t.data_ptr() + t.numel() * t.element_size() // 2)
-    assert torch.equal(store.buffers[0], weight) and bool((store.states[0]["sum"] == 0).all())
-    small = ShardStore([ShardBox("t", 0, 0, 10, 0, 4)], 0, {"t": torch.randn(10, 4)}, "cpu", rule=rule, hp=hp)
-    assert small.buffers[0].shape == (10, 4)   # below two huge pages: left alone, still a buffer

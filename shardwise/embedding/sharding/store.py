@@ -10,7 +10,6 @@ import torch.nn.functional as F
 
 from ..optim.rules import STATE_DTYPE
 from ..plan.values import ShardBox
-from .pages import empty_rows
 
 __all__ = ["local_layout", "ShardStore", "FusedLookup"]
 
@@ -54,8 +53,7 @@ class ShardStore:
             rows[w] = max(rows[w], base + self.boxes[i].row_size)
         if dtype is None:
             dtype = next(iter(full_weights.values())).dtype
-        # huge pages: the update's scattered row accesses would otherwise miss the TLB (pages.py)
-        self.buffers = [empty_rows((r, c), dtype, device) for r, c in zip(rows, self.widths)]
+        self.buffers = [torch.empty((r, c), dtype=dtype, device=device) for r, c in zip(rows, self.widths)]
         with torch.no_grad():
             for i, (w, base) in (self.loc.items() if full_weights is not None else ()):
                 b = self.boxes[i]
@@ -80,9 +78,8 @@ class ShardStore:
         out = {}
         for name, kind in self.rule.state_shapes.items():
             shape = tuple(buf.shape if kind == "elem" else buf.shape[:1])
-            out[name] = empty_rows(shape, STATE_DTYPE, buf.device)
-            if fill:
-                out[name].fill_(float(fills[name]))
+            out[name] = torch.full(shape, float(fills[name]), dtype=STATE_DTYPE, device=buf.device) if fill \
+                else torch.empty(shape, dtype=STATE_DTYPE, device=buf.device)
         return out
 
     def box_view(self, i: int, what: Optional[str] = None) -> torch.Tensor:
