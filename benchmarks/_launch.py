@@ -72,26 +72,64 @@ def time_us(fn, *, warmup: int = 20, reps: int = 7, inner: int = 50, sync=None, 
     return statistics.median(samples)
 
 
+def interleaved(fns: dict, rounds: int, inner: int, sync=None, clock=time.perf_counter) -> tuple[dict, dict]:
+    """(median us per call of each fn, per-round samples). One block of each fn per round, the order
+    rotating from round to round, so load from other processes hits every variant alike; the first
+    round is warm-up."""
+    samples = {k: [] for k in fns}
+    names = list(fns)
+    for r in range(rounds + 1):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            t = time_us(fns[k], warmup=inner if r == 0 else 0, reps=1, inner=inner, sync=sync, clock=clock)
+            if r:
+                samples[k].append(t)
+    return {k: statistics.median(v) for k, v in samples.items()}, samples
+
+
 def emit(record: dict) -> None:
     print(json.dumps(record), flush=True)
 
 
-def peak_rss_bytes() -> int:
-    """This process's peak resident set size so far (Linux VmHWM; ru_maxrss elsewhere)."""
+# torch's CPU allocator reads it once per process: tensors of 2 MiB or more then get huge pages
+# (``shardwise train`` starts its workers with 1); benchmarks set it for both libraries' ranks alike
+THP_ENV = "THP_MEM_ALLOC_ENABLE"
+
+
+def _status_bytes(field: str):
+    """A size field of /proc/self/status (``VmHWM``, ``VmRSS``) in bytes; None off Linux."""
     try:
         with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) * 1024
+            return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) * 1024
     except (OSError, StopIteration):
+        return None
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (Linux VmHWM; ru_maxrss elsewhere)."""
+    peak = _status_bytes("VmHWM")
+    if peak is None:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux VmRSS), 0 where unknown."""
+    return _status_bytes("VmRSS") or 0
+
+
+def gather_ints(*values: int) -> list:
+    """Every rank's ``values``: [[rank 0's], [rank 1's], ...]. A collective on the default group."""
+    mine = torch.tensor([int(v) for v in values], dtype=torch.int64)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [e.tolist() for e in every]
 
 
 def rss_per_rank(held_bytes: int) -> dict:
     """Every rank's peak RSS next to the bytes that rank must hold (its shards, optimizer state,
     batches), as JSON fields. A collective: call it on every rank of the default group."""
-    mine = torch.tensor([peak_rss_bytes(), int(held_bytes)], dtype=torch.int64)
-    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
+    every = gather_ints(peak_rss_bytes(), held_bytes)
     mib = 1 << 20
-    return {"peak_rss_mib_per_rank": [round(int(e[0]) / mib, 1) for e in every],
-            "held_mib_per_rank": [round(int(e[1]) / mib, 1) for e in every]}
+    return {"peak_rss_mib_per_rank": [round(e[0] / mib, 1) for e in every],
+            "held_mib_per_rank": [round(e[1] / mib, 1) for e in every]}

@@ -32,7 +32,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _launch import emit, rss_per_rank, spawn, time_us  # noqa: E402
+from _launch import emit, interleaved, rss_per_rank, spawn, time_us  # noqa: E402
 
 _CPU = time.thread_time
 _STEP_ROUNDS = 9
@@ -150,17 +150,12 @@ def _steps(mesh, world, sw, tdt) -> list:
         fns[name] = (fwd, fwd_bwd)
     rows = []
     for i, what in enumerate(("mlp4_fwd", "mlp4_fwd_bwd")):
-        # Paired rounds: the three sides alternate within each round, in a rotating order, and the
-        # ratio is taken per round; one unpaired sample per side swung 0.5-3.3x between runs.
-        ratios, times = [], {k: [] for k in fns}
-        for r in range(_STEP_ROUNDS):
-            names = list(fns)
-            for name in names[r % 3:] + names[:r % 3]:
-                times[name].append(time_us(fns[name][i], clock=_CPU, warmup=5, reps=3, inner=10))
-            plain, ours, theirs = (times[k][-1] for k in ("plain", "ours", "torch_dtensor"))
-            # a round where PyTorch's DTensor timed no slower than the plain op measured nothing
-            ratios.append((ours - plain) / (theirs - plain) if theirs > plain else None)
-        med = {k: statistics.median(v) for k, v in times.items()}
+        # paired rounds (rotating order), the ratio taken per round: one unpaired sample per side swung
+        # 0.5-3.3x between runs
+        med, times = interleaved({k: f[i] for k, f in fns.items()}, rounds=_STEP_ROUNDS, inner=20, clock=_CPU)
+        # a round where PyTorch's DTensor timed no slower than the plain op measured nothing
+        ratios = [(o - p) / (t - p) if t > p else None
+                  for p, o, t in zip(times["plain"], times["ours"], times["torch_dtensor"])]
         rows.append({"bench": "dispatch", "mode": "autograd", "op": what, "placement": "S(0) x R", "world": world,
                      "rounds": _STEP_ROUNDS, "plain_us": round(med["plain"], 1), "ours_us": round(med["ours"], 1),
                      "torch_dtensor_us": round(med["torch_dtensor"], 1),

@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import rss_per_rank  # noqa: E402  (imports torch only: fine in TorchRec's interpreter)
+from _launch import THP_ENV, rss_per_rank  # noqa: E402  (imports torch only: fine in TorchRec's interpreter)
 
 PLANS = ("table_wise", "row_wise", "column_wise")
 LR = 0.05
@@ -302,9 +302,9 @@ def main(argv=None) -> None:
                         "tensors of 2 MiB or more on huge pages; `shardwise train` starts its workers with 1)")
     args = p.parse_args(argv)
     if args.thp != "unset":   # this benchmark's own processes only; inherited by both libraries' ranks alike
-        os.environ["THP_MEM_ALLOC_ENABLE"] = args.thp
+        os.environ[THP_ENV] = args.thp
     shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids,
-                 thp_mem_alloc_enable=os.environ.get("THP_MEM_ALLOC_ENABLE", "unset"))
+                 thp_mem_alloc_enable=os.environ.get(THP_ENV, "unset"))
     if args.impl == "torchrec":
         for plan in args.plans:
             ms, rss = measure(args, "torchrec", plan)

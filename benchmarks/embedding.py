@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _launch import emit, rss_per_rank, spawn, time_us  # noqa: E402
+from _launch import emit, interleaved, rss_per_rank, spawn  # noqa: E402
 
 
 class _AllReduceSum(torch.autograd.Function):
@@ -60,20 +60,6 @@ def _timing(v: int, mode: str) -> dict:
     if mode == "fwd":
         return dict(rounds=41, inner=10)
     return dict(rounds=9, inner=2) if v >= 100_000 else dict(rounds=21, inner=10)
-
-
-def _interleaved(fns: dict, rounds: int, inner: int, sync=None) -> tuple[dict, dict]:
-    """(median us per call of each fn, per-round samples). One block of each fn per round, the order
-    rotating from round to round, so load from other processes hits every variant alike; the first
-    round is warm-up."""
-    samples = {k: [] for k in fns}
-    names = list(fns)
-    for r in range(rounds + 1):
-        for k in names[r % len(names):] + names[:r % len(names)]:
-            t = time_us(fns[k], warmup=inner if r == 0 else 0, reps=1, inner=inner, sync=sync)
-            if r:
-                samples[k].append(t)
-    return {k: statistics.median(v) for k, v in samples.items()}, samples
 
 
 def _paired_ratio(samples: dict, a: str, b: str) -> float:
@@ -121,9 +107,9 @@ def _fwd_bwd(fn, weight, grad):
 def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
     variants, ids, grad = _variants(rank, world, mesh, tmesh, v, d, n_ids)
     with torch.no_grad():
-        fwd, fwd_s = _interleaved({k: fn for k, (fn, _) in variants.items()}, sync=dist.barrier,
+        fwd, fwd_s = interleaved({k: fn for k, (fn, _) in variants.items()}, sync=dist.barrier,
                                   **_timing(v, "fwd"))
-    bwd, bwd_s = _interleaved({k: _fwd_bwd(fn, w, grad) for k, (fn, w) in variants.items()}, sync=dist.barrier,
+    bwd, bwd_s = interleaved({k: _fwd_bwd(fn, w, grad) for k, (fn, w) in variants.items()}, sync=dist.barrier,
                               **_timing(v, "fwd_bwd"))
     results = {"fwd": (fwd, fwd_s), "fwd_bwd": (bwd, bwd_s)}
     del variants
@@ -131,8 +117,8 @@ def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
     if rank == 0:  # unsharded: the whole table on one rank, nobody to talk to
         table = torch.randn(v, d).requires_grad_()
         with torch.no_grad():
-            fwd["unsharded"] = _interleaved({"u": lambda: F.embedding(ids, table)}, **_timing(v, "fwd"))[0]["u"]
-        bwd["unsharded"] = _interleaved({"u": _fwd_bwd(lambda: F.embedding(ids, table), table, grad)},
+            fwd["unsharded"] = interleaved({"u": lambda: F.embedding(ids, table)}, **_timing(v, "fwd"))[0]["u"]
+        bwd["unsharded"] = interleaved({"u": _fwd_bwd(lambda: F.embedding(ids, table), table, grad)},
                                         **_timing(v, "fwd_bwd"))[0]["u"]
         del table
     dist.barrier()

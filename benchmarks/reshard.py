@@ -61,9 +61,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _launch import emit, rss_per_rank, spawn  # noqa: E402
+from _launch import THP_ENV, emit, gather_ints, rss_bytes, rss_per_rank, spawn  # noqa: E402
 
-THP_ENV = "THP_MEM_ALLOC_ENABLE"   # torch's CPU allocator: 2 MiB huge pages for tensors >= 2 MiB
 MOVES = ("tw_swap_all", "tw_swap", "cw_swap", "tw_to_rw", "rw_to_cw")
 TORCHREC_MOVES = ("tw_swap_all", "tw_swap", "cw_swap")
 
@@ -137,12 +136,6 @@ class _Floor:
         return time.perf_counter() - t0, time.process_time() - c0
 
 
-def all_gather_ints(n: int) -> list:
-    every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, torch.tensor([n]))
-    return [int(e) for e in every]
-
-
 def all_gather_max(n: int) -> int:
     t = torch.tensor([n])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -153,15 +146,6 @@ def store_bytes(mod) -> int:
     """Bytes of this rank's shards: weights and every optimizer-state tensor of its stores."""
     return sum(t.numel() * t.element_size() for g in mod._groups for w in range(len(g.store.widths))
                for t in (g.store.buffers[w], *g.store.states[w].values()))
-
-
-def rss_now() -> int:
-    """This process's resident set size now (Linux VmRSS), 0 where unknown."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) * 1024
-    except (OSError, StopIteration):
-        return 0
 
 
 def reset_peak_rss() -> bool:
@@ -188,7 +172,7 @@ def run_ours(rank, world, args, move):
     mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
     changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
     gc.collect()                       # the unsharded tables shard() copied from
-    base, reset, held_a = rss_now(), reset_peak_rss(), store_bytes(mod)   # the peak from here: the reshard
+    base, reset, held_a = rss_bytes(), reset_peak_rss(), store_bytes(mod)   # the peak from here: the reshard
     dist.barrier()
     t0 = time.perf_counter()
     stats = reshard(mod, changes[0])   # the first reshard of the process: the one users meet
@@ -198,8 +182,9 @@ def run_ours(rank, world, args, move):
     held = max(held_a, store_bytes(mod))
     during = held_a + stats.bytes_allocated + stats.transient_bytes
     rss = rss_per_rank(held)
-    rss.update(peak_rss_reset=reset, rss_before_mib_per_rank=[round(n / (1 << 20), 1) for n in all_gather_ints(base)],
-               held_during_reshard_mib_per_rank=[round(n / (1 << 20), 1) for n in all_gather_ints(during)])
+    every = gather_ints(base, during)
+    rss.update(peak_rss_reset=reset, rss_before_mib_per_rank=[round(b / (1 << 20), 1) for b, _ in every],
+               held_during_reshard_mib_per_rank=[round(d / (1 << 20), 1) for _, d in every])
     floor = _Floor(stats.bytes_matrix, rank)
     most = all_gather_max(stats.bytes_allocated)
     first_touch = _Floor.touch(most) if most else 0.0   # the first reshard's new-memory bytes, written once

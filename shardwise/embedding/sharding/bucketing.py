@@ -14,7 +14,7 @@ buffer: the same ids in the same order as the sort path, at a fraction of its co
 
 Example (what InputDist.route runs for a row-wise group)::
 
-    b = RowBucketing.build(routing, device)          # None where the sort path is needed
+    b = RowBucketing.build(routing, range_starts, slot_unit, slot_shift)   # None: the sort path
     send_ids, send_lengths, send_w, slot_len, sent = b(values, lengths, weights, counts, batch, keep)
 """
 
@@ -33,15 +33,15 @@ _MAX_CACHED = 16  # batch sizes whose index maps are kept
 class RowBucketing:
     """Per-routing constants of the sort-free bucketing; :meth:`build` says whether it applies."""
 
-    def __init__(self, routing, device, slot_unit: list, slot_shift: list):
+    def __init__(self, routing, range_starts: list, slot_unit: list, slot_shift: list):
         starts = routing.range_starts
         self.nb = max(len(s) for s in starts)
-        self.device, self.routing = device, routing
+        self.device, self.routing = range_starts[0].device, routing
         # block of an id: id // chunk when a table's blocks are torch.chunk-like, else a search
         # (the last block no longer than the others, or ids past it would divide out of range)
         self.chunk = [s[1] if len(s) > 1 and s == [k * s[1] for k in range(len(s))]
                       and t.num_embeddings <= len(s) * s[1] else None for s, (_, t) in zip(starts, routing.features)]
-        self.starts = [torch.tensor(s, dtype=torch.int64, device=device) for s in starts]
+        self.starts = range_starts   # each table's row-block starts, as the input dist holds them
         # every table cut in blocks of one size (row-wise over equal tables): one division for all ids
         self.one_chunk = self.chunk[0] if len(set(self.chunk)) == 1 else None
         self.slot_of_unit = {u: k for k, u in enumerate(slot_unit)}
@@ -50,14 +50,14 @@ class RowBucketing:
         self._per_batch: dict = {}
 
     @classmethod
-    def build(cls, routing, device, slot_unit: list, slot_shift: list) -> Optional["RowBucketing"]:
+    def build(cls, routing, range_starts: list, slot_unit: list, slot_shift: list) -> Optional["RowBucketing"]:
         """The bucketing for ``routing``, or None where the sort path must run (single row ranges,
         a unit sent to several slots, or more than ``_MAX_BLOCKS`` row blocks in a table)."""
         if routing.single_range or sorted(slot_unit) != list(range(routing.num_units)):
             return None
         if max(len(s) for s in routing.range_starts) > _MAX_BLOCKS:
             return None
-        return cls(routing, device, slot_unit, slot_shift)
+        return cls(routing, range_starts, slot_unit, slot_shift)
 
     def _tables(self, batch: int):
         """Index maps for one batch size (cached): bag base index, per-(bag, block) shift, and where
