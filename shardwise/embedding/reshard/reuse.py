@@ -2,8 +2,8 @@
 
 Why: on CPU the first touch of a fresh page costs about as much as carrying its bytes over the wire,
 and a rebuilt group would otherwise copy every table that stays into new memory. When an old buffer
-of the same sharding type has the shape of a new one and every box the two hold sits at the same
-row in both, the new store takes the old buffer over (weights and every state tensor): those boxes
+has the shape of a new one and every box the two hold sits at the same row in both, the new store
+takes the old buffer over (weights and every state tensor): those boxes
 need no copy at all, and received rows land in memory already faulted in. Which old bytes are still
 to be read when a write lands is the executor's to check (``plan_moves``); the buffers where the
 loop's order cannot keep a read before the write get fresh memory again (:func:`release`).
@@ -44,21 +44,22 @@ def _in_place(new, w: int, old, ow: int):
 
 
 def adopt_buffers(old_groups: list, rebuilt: list) -> None:
-    """Give each rebuilt group's new buffers the old buffer of the same sharding type that fits best
-    (same shapes, the most rows already in place); the rest keep their fresh, untouched memory."""
-    old = {g.sharding_type: g.store for g in old_groups}
+    """Give each rebuilt group's new buffers the old buffer that fits best (same shapes; the most rows
+    already in place; one of the same sharding type first, since only those can hold a box in place);
+    the rest keep their fresh, untouched memory. A layout change (table- to row-wise, say) whose rank
+    holds as many rows after as before takes over the old memory whole: its kept rows often sit at the
+    same place (then they need no copy), and it writes no fresh page."""
+    free = {(k, ow) for k, g in enumerate(old_groups) for ow in range(len(g.store.widths))}
     for g in rebuilt:
-        src = old.get(g.sharding_type)
-        if src is None:
-            continue
-        free = set(range(len(src.widths)))
         for w in range(len(g.store.widths)):
-            fits = {ow: _in_place(g.store, w, src, ow) for ow in sorted(free)}
-            fits = {ow: kept for ow, kept in fits.items() if kept is not None}
+            fits = {(k, ow): _in_place(g.store, w, old_groups[k].store, ow) for k, ow in sorted(free)}
+            fits = {key: kept for key, kept in fits.items() if kept is not None}
             if not fits:
                 continue
-            ow = max(fits, key=lambda o: (fits[o], -o))
-            free.discard(ow)
+            k, ow = max(fits, key=lambda key: (old_groups[key[0]].sharding_type == g.sharding_type,
+                                                fits[key], -key[0], -key[1]))
+            free.discard((k, ow))
+            src = old_groups[k].store
             g.store.buffers[w] = src.buffers[ow]
             g.store.states[w] = dict(src.states[ow])
 

@@ -10,7 +10,8 @@ import functools
 import pytest
 import torch
 
-from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, column_wise, reshard, shard, table_wise
+from shardwise.embedding import (EmbeddingBagCollection, EmbeddingBagConfig, column_wise, reshard, row_wise, shard,
+                                 table_wise)
 from shardwise.embedding.reshard.executor import Item, Message, _order
 from shardwise.sparse import KeyedJaggedTensor
 from shardwise.testing import run_on_ranks
@@ -50,6 +51,10 @@ CASES = {
     "out_of_order": ({"u0": table_wise(0), "u1": table_wise(0), "u2": table_wise(1), "u3": table_wise(1),
                       "v0": table_wise(1), "v1": table_wise(0), "v2": table_wise(1), "v3": table_wise(0)},
                      {"v0": table_wise(0), "v1": table_wise(1), "v2": table_wise(0), "v3": table_wise(1)}),
+    # a layout change: every u table goes row-wise, so each rank holds as many u rows as before
+    "tw_to_rw": ({**{n: table_wise(i % 2) for i, (n, _) in enumerate(TABLES[:4])},
+                  **{n: column_wise([0, 1]) for n, _ in TABLES[4:]}},
+                 {n: row_wise() for n, _ in TABLES[:4]}),
 }
 
 
@@ -95,6 +100,15 @@ def test_swaps_take_over_old_buffers_on_three_ranks():
     results = run_on_ranks(move_case, 3, "swap_all", 1000, timeout=120.0)
     assert all(r["same"] == [] and r["forward"] for r in results), results
     assert [(r["reused"], r["allocated"]) for r in results] == [(total, 0), (total, 0), (0, 0)], results
+
+
+def test_a_layout_change_takes_over_a_buffer_of_another_sharding_type():
+    # rank 0's table-wise buffer holds u0 and u2 (12 rows); its row-wise one the first 3 rows of every
+    # u table (12 rows), u0's and u2's at the rows where they already are
+    total = 12 * DIM * 4 * 3
+    for r in run_on_ranks(move_case, 2, "tw_to_rw", 64, timeout=120.0):
+        assert r["same"] == [] and r["forward"], r
+        assert (r["reused"], r["allocated"]) == (total, 0), r
 
 
 def test_receives_that_outrun_sends_get_new_memory():
