@@ -63,13 +63,14 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _launch import THP_ENV, emit, gather_ints, rss_bytes, rss_per_rank, spawn  # noqa: E402
 
-MOVES = ("tw_swap_all", "tw_swap", "cw_swap", "tw_to_rw", "rw_to_cw")
+MOVES = ("tw_swap_all", "tw_swap", "cw_swap", "tw_to_rw_all", "tw_to_rw", "rw_to_cw")
 TORCHREC_MOVES = ("tw_swap_all", "tw_swap", "cw_swap")
 
 
 def plans(move: str, tables: int):
     """(plan A, plan B) as {table index: (kind, ranks)}; half the tables move, the rest stay
-    (``tw_swap_all``: every table changes rank, so no kept table is copied locally)."""
+    (``tw_swap_all``: every table changes rank, so no kept table is copied locally; ``tw_to_rw_all``:
+    every table goes row-wise, a layout change whose new stores can take over the old memory)."""
     a, b = {}, {}
     for i in range(tables):
         if move == "tw_swap_all":
@@ -78,6 +79,8 @@ def plans(move: str, tables: int):
             a[i], b[i] = ("tw", (i % 2,)), ("tw", ((i + 1) % 2,) if i < tables // 2 else (i % 2,))
         elif move == "cw_swap":
             a[i], b[i] = ("cw", (0, 1)), (("cw", (1, 0)) if i < tables // 2 else ("cw", (0, 1)))
+        elif move == "tw_to_rw_all":   # every table: each rank holds as many rows after as before
+            a[i], b[i] = ("tw", (i % 2,)), ("rw", (0, 1))
         elif move == "tw_to_rw":
             a[i], b[i] = ("tw", (i % 2,)), (("rw", (0, 1)) if i < tables // 2 else ("tw", (i % 2,)))
         else:
