@@ -165,20 +165,28 @@ def _any_requires_grad(args) -> bool:
 
 def make_entry(dispatcher: OpDispatcher):
     """``__torch_dispatch__`` for ``dispatcher.cls``. Every op autograd records comes here; a call on one
-    or two DTensors whose plan is in the quick map runs inline (a frame less than the dispatcher's own
-    quick lookup), everything else goes to ``dispatcher``."""
+    or two DTensors (and a scalar: ``threshold_backward``, relu's backward) whose plan is in the quick map
+    runs inline (a frame less than the dispatcher's own quick lookup), everything else goes to
+    ``dispatcher``."""
     cache, quick, cls = dispatcher.cache, dispatcher.cache.quick, dispatcher.cls
 
     def __torch_dispatch__(_cls, func, types, args=(), kwargs=None):
         n = len(args)
-        if not kwargs and 0 < n <= 2 and dispatcher.recording.get() is None and _FAST_PATH_ON():
+        if not kwargs and 0 < n <= 3 and dispatcher.recording.get() is None and _FAST_PATH_ON():
             a = args[0]
             if type(a) is cls:
+                b = c = None
                 if n == 1:
                     hit = quick.get((func, a._spec))
                 else:
                     b = args[1]
-                    if type(b) is cls:
+                    if n == 3:  # (DTensor, DTensor, scalar), e.g. threshold_backward: quick_key's key
+                        c, t = args[2], type(args[2])
+                        if type(b) is cls and t in _SCALARS:
+                            hit, b = quick.get((func, a._spec, b._spec, t, c)), b._local_tensor
+                        else:
+                            hit = None
+                    elif type(b) is cls:
                         hit, b = quick.get((func, a._spec, b._spec)), b._local_tensor
                     elif type(b) is list and b and type(b[0]) is int:  # dims or sizes: quick_key's key
                         hit = quick.get((func, a._spec, tuple(b)))
@@ -186,8 +194,9 @@ def make_entry(dispatcher: OpDispatcher):
                         hit = None
                 if hit is not None:
                     cache.hits += 1
-                    out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b)
-                    spec, inplace = hit
+                    spec, inplace, raw = hit
+                    out = raw(a._local_tensor) if n == 1 else raw(a._local_tensor, b) if n == 2 else \
+                        raw(a._local_tensor, b, c)
                     if inplace:
                         return a
                     r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)

@@ -161,3 +161,42 @@ def test_scalar_type_is_part_of_the_quick_key():
                 (torch.bool, [True, False])]
     for got, n_keys in run_on_ranks(scalar_keys, 2):
         assert got == expected and n_keys == 4
+
+
+def scalar_third_args(rank, world):
+    from shardwise.tensor import Shard, distribute_tensor
+    from shardwise.tensor.dispatch import OpDispatcher
+
+    mesh = worker_mesh((world,))
+    g = torch.Generator().manual_seed(4)
+    full_grad, full_out = torch.randn(8, 4, generator=g), torch.randn(8, 4, generator=g)
+    grad, out = (distribute_tensor(t, mesh, [Shard(0)]) for t in (full_grad, full_out))
+    thr = torch.ops.aten.threshold_backward.default
+    entered, orig = [], OpDispatcher.__call__
+
+    def counting(self, op, args, kwargs):
+        entered.append((str(op), args[-1]))
+        return orig(self, op, args, kwargs)
+
+    got = []
+    with torch._C.DisableTorchFunctionSubclass():  # straight to the dispatcher, as autograd's calls go
+        thr(grad, out, 0.5)                        # learns the plan
+        OpDispatcher.__call__ = counting
+        try:
+            for t in (0.5, 0, 0, 0.5):             # 0 is another key: the dispatcher sees it once
+                r = thr(grad, out, t)
+                got.append((r.placements, r.full_tensor()))
+        finally:
+            OpDispatcher.__call__ = orig
+    want = [thr(full_grad, full_out, t) for t in (0.5, 0, 0, 0.5)]
+    return entered, [p for p, _ in got], all(torch.equal(v, w) for (_, v), w in zip(got, want))
+
+
+def test_a_trailing_scalar_runs_inline_from_the_quick_map():
+    # relu's backward, threshold_backward(grad, result, 0), is (DTensor, DTensor, scalar): after one
+    # call per threshold value, the entry runs it without entering the dispatcher
+    from shardwise.tensor import Shard
+
+    for entered, placements, same in run_on_ranks(scalar_third_args, 2):
+        assert entered == [("aten.threshold_backward.default", 0)], entered
+        assert placements == [(Shard(0),)] * 4 and same
