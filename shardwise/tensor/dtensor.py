@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from .checks.agreement import check_same_call, checks_enabled
 from .dispatch import GATHER_FALLBACK, OpDispatcher
 from .donation import donatable
-from .fastpath import FAST_PATH, FastPath, make_entry
+from .fastpath import _SLOW, FAST_PATH, FastPath, make_entry
 from .checks.layout import check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
@@ -136,6 +136,10 @@ class DTensor(torch.Tensor):
                         r._local_tensor = out
                         r._spec = spec
                         return r
+                    if plan is _SLOW:
+                        # learnt to have no local plan (a property read such as ``x.requires_grad``, a
+                        # view): what the fast path would end up doing, without its generic key walk
+                        return func(*args)
         return _FASTPATH(func, args, kwargs)
 
     @staticmethod
