@@ -256,10 +256,15 @@ def rowwise_grad(grad: torch.Tensor, ids: torch.Tensor, offset: int, rows: int, 
     tensor([[0., 0.],
             [2., 2.]])
     """
-    # ids owned elsewhere land on one extra scratch row, dropped afterwards
+    # ids owned elsewhere become the kernel's padding id, which it skips without touching the gradient
+    # (adding their rows and dropping them costs as much as the owned ones, on every rank): the
+    # block's own padding row when it holds the global padding_idx (that row's gradient stays zero
+    # anyway, and frequencies only scale the other ids), else one extra scratch row, dropped after
     local = (ids - offset) if offset else ids
-    local = torch.where((local >= 0) & (local < rows), local, rows)
-    pad = padding_idx - offset if padding_idx >= 0 and offset <= padding_idx < offset + rows else -1
+    pad = padding_idx - offset if padding_idx >= 0 and offset <= padding_idx < offset + rows else rows
+    local = torch.where((local >= 0) & (local < rows), local, pad)
+    if pad < rows:
+        return aten.embedding_dense_backward.default(grad, local, rows, pad, scale_grad_by_freq)
     return aten.embedding_dense_backward.default(grad, local, rows + 1, pad, scale_grad_by_freq)[:rows]
 
 
