@@ -24,6 +24,8 @@ from .spec import DTensorSpec, coord_or_none
 
 __all__ = ["full_local", "grad_placements"]
 
+_NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
+
 
 def grad_placements(placements) -> tuple:
     """The layout of the gradient that flows back to a tensor laid out as ``placements``: the same,
@@ -35,7 +37,9 @@ def full_local(x, full: tuple, donate: bool, grad_placements_: Optional[tuple]) 
     """``x`` (a DTensor) redistributed to the all-Replicate ``full`` as a plain tensor; differentiable
     when autograd records. ``donate``: the caller gives up ``x``'s buffer (see donation.py)."""
     src = x._spec
-    if not (x.requires_grad and torch.is_grad_enabled()):
+    with _NO_TORCH_FUNCTION():  # a DTensor's property reads otherwise run the dispatch fast path's lookup
+        record = x.requires_grad and torch.is_grad_enabled()
+    if not record:
         return redistribute_local(x._local_tensor, src, full, coord_or_none(src.mesh), donate)
     return _FullTensor.apply(x, full, donate, grad_placements_)
 

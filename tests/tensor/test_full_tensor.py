@@ -130,3 +130,25 @@ def test_fused_full_tensor_keeps_the_checked_mode_agreement():
     errs = run_on_ranks(_checked, 2)
     assert errs[0][0] is not None and errs[0][0] == errs[1][0]
     assert "(S(0)) -> (R)" in errs[0][0] and "(S(0)) -> (S(1))" in errs[0][0]
+
+
+def _compiled(rank, world):
+    # aot_eager: dynamo and AOT autograd trace the Function; inductor would only add compile time
+    torch._dynamo.reset()
+    mesh = worker_mesh((world,))
+    table = torch.arange(40.0).view(10, 4)
+    ids = torch.tensor([1, 7, 3, 7])
+    w = distribute_tensor(table, mesh, [Shard(0)]).requires_grad_()
+    f = torch.compile(lambda i: F.embedding(i, w).full_tensor() * 2, fullgraph=True, backend="aot_eager")
+    y = f(distribute_tensor(ids, mesh, [Replicate()]))
+    y.sum().backward()
+    ref_w = table.clone().requires_grad_()
+    (F.embedding(ids, ref_w) * 2).sum().backward()
+    torch.testing.assert_close(y, F.embedding(ids, table) * 2)
+    torch.testing.assert_close(w.grad.full_tensor(), ref_w.grad)
+    return w.grad.placements
+
+
+def test_fused_full_tensor_compiles_in_one_graph():
+    for placements in run_on_ranks(_compiled, 2):
+        assert placements == (Shard(0),)
