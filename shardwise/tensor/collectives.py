@@ -95,6 +95,17 @@ def _group(mesh: DeviceMesh, mesh_dim: int):
 
 _PROCESS_GROUP = dist.ProcessGroup
 _OPS = torch.ops._c10d_functional
+_BELOW_AUTOGRAD = torch._C._AutoDispatchBelowAutograd
+_AS_IS = contextlib.nullcontext()
+
+
+def _scope(x: torch.Tensor):
+    """What the ops' autograd kernel (registered in Python by torch) does for an input that records
+    nothing: run below autograd. Done here as one C++ guard instead of that kernel's Python layer, in
+    eager code only (torch.compile traces the ops as they are)."""
+    if (torch.is_grad_enabled() and x.requires_grad) or torch.compiler.is_compiling():
+        return _AS_IS
+    return _BELOW_AUTOGRAD()
 
 
 class _FunctionalOps:
@@ -104,25 +115,32 @@ class _FunctionalOps:
     1 MiB all-reduce on 2 gloo ranks. Every call here waits at once, so the wrapper buys nothing; the
     ops, and so the graphs recorded under tracing, are the same. Only dim 0 is gathered/scattered."""
 
-    wait_tensor = staticmethod(_OPS.wait_tensor)
+    @staticmethod
+    def wait_tensor(t):
+        with _scope(t):
+            return _OPS.wait_tensor(t)
 
     @staticmethod
     def all_reduce(x, op: str, group):
-        return _OPS.all_reduce(x, op, group.group_name)
+        with _scope(x):
+            return _OPS.all_reduce(x, op, group.group_name)
 
     @staticmethod
     def all_gather_single(x, gather_dim: int, group):
         assert gather_dim == 0, f"all_gather_single gathers dim 0 only, got {gather_dim}"
-        return _OPS.all_gather_into_tensor(x, group.size(), group.group_name)
+        with _scope(x):
+            return _OPS.all_gather_into_tensor(x, group.size(), group.group_name)
 
     @staticmethod
     def reduce_scatter_single(x, op: str, scatter_dim: int, group):
         assert scatter_dim == 0, f"reduce_scatter_single scatters dim 0 only, got {scatter_dim}"
-        return _OPS.reduce_scatter_tensor(x, op, group.size(), group.group_name)
+        with _scope(x):
+            return _OPS.reduce_scatter_tensor(x, op, group.size(), group.group_name)
 
     @staticmethod
     def all_to_all_single(x, output_split_sizes, input_split_sizes, group):
-        return _OPS.all_to_all_single(x, output_split_sizes, input_split_sizes, group.group_name)
+        with _scope(x):
+            return _OPS.all_to_all_single(x, output_split_sizes, input_split_sizes, group.group_name)
 
 
 _DIRECT = _FunctionalOps()
