@@ -17,6 +17,8 @@ from .checks.agreement import check_same_call, checks_enabled
 from .dispatch import GATHER_FALLBACK, OpDispatcher
 from .donation import donatable
 from .fastpath import _SLOW, FAST_PATH, FastPath, make_entry
+from .full import full_local
+from .full import grad_placements as _grad_placements
 from .checks.layout import check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
@@ -30,11 +32,6 @@ _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
 _STRIDED = torch.strided
 _FAST_PATH_ON = FAST_PATH.get
 _SCALARS = (int, float, bool)
-
-
-def _grad_placements(placements) -> tuple:
-    # a gradient flowing back to a Partial source is the same for every rank: keep it replicated
-    return tuple(Replicate() if isinstance(p, Partial) else p for p in placements)
 
 
 class _FromLocal(torch.autograd.Function):
@@ -338,8 +335,12 @@ class DTensor(torch.Tensor):
             # a snapshot, never an alias of the live local tensor (which an optimizer may update)
             return self.to_local(grad_placements=grad_placements).clone()
         refs = sys.getrefcount(self)  # first, alone: pending call arguments would add references
-        moved = self._redistribute(self._spec.mesh, full, donatable(self, refs))
-        return moved.to_local(grad_placements=grad_placements)
+        donate = donatable(self, refs)
+        if checks_enabled() and coord_or_none(self._spec.mesh) is not None:
+            self._agreed_target(self._spec.mesh, full)
+        gp = None if grad_placements is None else tuple(grad_placements)
+        # one autograd Function instead of redistribute's and to_local's (see full.py)
+        return full_local(self, full, donate, gp)
 
     # -- interop with torch.distributed.tensor ----------------------------------------------------
     @staticmethod

@@ -69,6 +69,12 @@ def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> to
     """Raise EmbeddingIndexError on every rank when any id (on any rank) is out of range; returns the ids
     to look up. While a graph is recorded (``DTensorExpandMode``) the verdict cannot be read, so the
     check is recorded as an op that raises when the graph runs, and the lookup reads its output."""
+    recording = _recording(ids)
+    if ids.numel() and not sharded_dims and not recording:
+        # every rank holds the same ids, so the same verdict: two reads, nothing to combine
+        lo, hi = torch.aminmax(ids)
+        _raise_if_out_of_range(-lo.item(), hi.item(), num_embeddings)
+        return ids
     if ids.numel():
         lo, hi = torch.aminmax(ids)
         bounds = torch.stack((-lo, hi))  # both as maxima, so one max-reduce combines ranks
@@ -76,14 +82,13 @@ def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> to
         bounds = torch.tensor([0, -1], device=ids.device)
     for m in sharded_dims:  # ranks holding different ids agree on the verdict
         bounds = all_reduce(bounds, "max", mesh, m)
-    if _recording(ids):
+    if recording:
         return torch.ops.shardwise.checked_embedding_ids(ids, bounds, num_embeddings)
-    _raise_if_out_of_range(bounds, num_embeddings)
+    _raise_if_out_of_range(*bounds.tolist(), num_embeddings)
     return ids
 
 
-def _raise_if_out_of_range(bounds: torch.Tensor, num_embeddings: int) -> None:
-    neg_lo, hi = bounds.tolist()
+def _raise_if_out_of_range(neg_lo: int, hi: int, num_embeddings: int) -> None:
     neg, over = max(neg_lo, 0), max(hi - (num_embeddings - 1), 0)
     if neg or over:
         value = -neg if neg else num_embeddings - 1 + over
@@ -107,7 +112,7 @@ def _checked_ids(ids: torch.Tensor, bounds: torch.Tensor, num_embeddings: int) -
     """The id range check as one op of a recorded graph: it raises when the graph runs, as eager does.
     Returns a copy of the ids (an op may not return its input) that the lookup then reads, so nothing
     can drop the check or move the lookup before it."""
-    _raise_if_out_of_range(bounds, num_embeddings)
+    _raise_if_out_of_range(*bounds.tolist(), num_embeddings)
     return ids.clone()
 
 
@@ -130,14 +135,14 @@ def rowwise_lookup(weight: torch.Tensor, ids: torch.Tensor, offset: int) -> torc
     rows, dim = weight.shape
     if rows == 0 or dim == 0:  # an empty row block, or an empty column block of a 2-D-sharded table
         return weight.new_zeros((*ids.shape, dim))
-    local = (ids - offset) if offset else ids
-    owned = (local >= 0) & (local < rows)
-    flat = local.reshape(-1).clamp(0, rows - 1)
+    local = ((ids - offset) if offset else ids).reshape(-1)
+    flat = local.clamp(0, rows - 1)
+    owned = flat == local  # clamping moved exactly the ids of other blocks
     if weight.is_floating_point():
         bags = torch.arange(flat.numel(), dtype=flat.dtype, device=flat.device)
-        out = torch.embedding_bag(weight, flat, bags, False, 0, False, owned.reshape(-1).to(weight.dtype))[0]
+        out = torch.embedding_bag(weight, flat, bags, False, 0, False, owned.to(weight.dtype))[0]
         return out.view(*ids.shape, dim)
-    out = aten.embedding.default(weight, flat).mul_(owned.reshape(-1, 1))
+    out = aten.embedding.default(weight, flat).mul_(owned.unsqueeze(1))
     return out.view(*ids.shape, dim)
 
 
@@ -256,10 +261,17 @@ def rowwise_grad(grad: torch.Tensor, ids: torch.Tensor, offset: int, rows: int, 
     tensor([[0., 0.],
             [2., 2.]])
     """
-    # ids owned elsewhere land on one extra scratch row, dropped afterwards
+    # ids owned elsewhere become the kernel's padding id, which it skips without touching the gradient
+    # (adding their rows and dropping them costs as much as the owned ones, on every rank): the
+    # block's own padding row when it holds the global padding_idx (that row's gradient stays zero
+    # anyway, and frequencies only scale the other ids), else one extra scratch row, dropped after
+    if rows == 0:
+        return grad.new_zeros((0, grad.shape[-1]))
     local = (ids - offset) if offset else ids
-    local = torch.where((local >= 0) & (local < rows), local, rows)
-    pad = padding_idx - offset if padding_idx >= 0 and offset <= padding_idx < offset + rows else -1
+    pad = padding_idx - offset if padding_idx >= 0 and offset <= padding_idx < offset + rows else rows
+    local = torch.where(local.clamp(0, rows - 1) == local, local, pad)
+    if pad < rows:
+        return aten.embedding_dense_backward.default(grad, local, rows, pad, scale_grad_by_freq)
     return aten.embedding_dense_backward.default(grad, local, rows + 1, pad, scale_grad_by_freq)[:rows]
 
 
