@@ -107,7 +107,7 @@ class RowBucketing:
             left = left - per_run[-1]
         per_run.append(left)
         cells = torch.cat(per_run) if len(per_run) > 1 else per_run[0]
-        send_lengths = cells.view(-1, batch).index_select(0, self.slot_rows)
+        send_lengths = cells.view(self.num_runs * self.nf, batch).index_select(0, self.slot_rows)
         slot_len = send_lengths.sum(1)
         send_ids = values.index_select(0, order)
         if len(self.shifts) <= _SLOT_LOOP:   # each slot's ids are contiguous: one in-place add per slot
