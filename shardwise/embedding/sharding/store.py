@@ -117,6 +117,7 @@ class ShardStore:
             self.apply_gradient(w, rows, summed_rows(grouped, grad))
             return
         self.steps[w] += 1
+        grad = grad.contiguous()   # once, not per block
         blocks = -(-rows.numel() // _BLOCK_ROWS)
         size = -(-rows.numel() // blocks)   # even blocks: no tail of a row or two (a recompile of the kernel)
         for a in range(0, rows.numel(), size):
