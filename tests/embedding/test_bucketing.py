@@ -1,10 +1,10 @@
 """The input dist's fast paths against the general paths they replace (same ids, same order): the
-sort-free row-block bucketing against the stable sort, the per-slot copy against the gather.
+one-byte-key row-block bucketing against the (unit, sample) sort, the per-slot copy against the gather.
 
 Both paths are run on one InputDist (no processes: route() has no collective); the general paths are
 the ones the end-to-end tests checked against plain PyTorch before the fast paths existed, and they
-still serve tables of more than 8 row blocks, sequence positions of whole-table units and more than
-64 slots.
+still serve units sent to several slots (column-wise), more than 256 runs of slots, sequence positions
+of whole-table units and more than 64 slots.
 """
 
 import types
@@ -48,8 +48,14 @@ def _same(a, b):
         assert a == b
 
 
+@pytest.mark.parametrize("slot_loop", [True, False])
 @pytest.mark.parametrize("world,rows,ranks", CASES)
-def test_bucketing_equals_sort_path(world, rows, ranks):
+def test_bucketing_equals_sort_path(world, rows, ranks, slot_loop, monkeypatch):
+    """``slot_loop=False``: the shifts added through one tensor per id (the path of more than 64 slots)."""
+    from shardwise.embedding.sharding import bucketing
+
+    if not slot_loop:
+        monkeypatch.setattr(bucketing, "_SLOT_LOOP", -1)
     g = torch.Generator().manual_seed(world)
     cfgs = [EmbeddingBagConfig(num_embeddings=r, embedding_dim=4, name=f"t{i}", feature_names=[f"f{i}", f"g{i}"])
             for i, r in enumerate(rows)]
@@ -69,7 +75,8 @@ def test_bucketing_equals_sort_path(world, rows, ranks):
 
 
 def test_bucketing_uneven_blocks_equals_sort_path():
-    """Row blocks that are not torch.chunk's (as a reshard may leave them): the search branch."""
+    """Row blocks that are not torch.chunk's (as a reshard may leave them), two blocks of one table on one
+    rank: the slots to rank 0 split into several runs, each with its own row range per feature."""
     from shardwise.embedding.plan.values import ShardBox
 
     g = torch.Generator().manual_seed(0)
@@ -81,7 +88,7 @@ def test_bucketing_uneven_blocks_equals_sort_path():
     for rank in range(2):
         topo = types.SimpleNamespace(device=torch.device("cpu"), rank=rank, world_size=2)
         ind = InputDist(routing, topo, True, keep_positions=True)
-        assert ind.bucketing is not None and ind.bucketing.chunk[0] is None
+        assert ind.bucketing is not None and ind.bucketing.num_runs > 2
         kjt = _batch(cfgs, 4, True, g)
         fast = ind.route(kjt)
         ind.bucketing = None

@@ -18,7 +18,7 @@ from .base import Stages
 from .comm import AllToAll
 from .routing import Routing
 from .stages import InputDist, Routed
-from .store import ShardStore, summed_row_gradients
+from .store import ShardStore
 from ..topology import Topology
 
 __all__ = ["SequenceLookup", "GroupedSequenceLookup", "SequenceOutputDist", "build_sequence"]
@@ -38,8 +38,7 @@ class SequenceLookup(torch.autograd.Function):
         (ids,) = ctx.saved_tensors
         # every id is a bag of one: the same per-unique-row sum as the pooled backward
         single = torch.arange(ids.numel() + 1, device=ids.device)
-        rows, grad_rows = summed_row_gradients(ids, single, None, grad, ctx.store.buffers[ctx.w].shape[0])
-        ctx.store.apply_gradient(ctx.w, rows, grad_rows)
+        ctx.store.apply_bag_gradient(ctx.w, ids, single, None, grad)
         return None, None, None, None
 
 

@@ -56,7 +56,7 @@ class InputDist:
             torch.tensor(self.slots_per_dest, device=topo.device))
         self.range_starts = [torch.tensor(s, dtype=torch.int64, device=topo.device) for s in routing.range_starts]
         self.shifts = self.slot_shift.tolist()
-        self.bucketing = RowBucketing.build(routing, self.range_starts, self.slot_unit.tolist(), self.shifts)
+        self.bucketing = RowBucketing.build(routing, self.slot_unit.tolist(), self.shifts, topo.device)
 
     def _features(self, kjt: KeyedJaggedTensor):
         """Values, lengths [F*B] and weights of this group's features (absent ones as empty bags)."""

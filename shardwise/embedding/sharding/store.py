@@ -11,9 +11,10 @@ import torch.nn.functional as F
 from ..optim.rules import STATE_DTYPE
 from ..plan.values import ShardBox
 
-__all__ = ["local_layout", "ShardStore", "FusedLookup"]
+__all__ = ["local_layout", "ShardStore", "FusedLookup", "group_by_row", "summed_rows", "summed_row_gradients"]
 
 _CHUNK_ELEMENTS = 128 * 1024   # ~512 KB of float32 per temporary: fits in L2
+_BLOCK_ROWS = 8192             # touched rows per block of the fused backward (2 MiB of float32 x 64)
 
 
 def local_layout(boxes: Sequence[ShardBox], rank: int) -> tuple[list[int], dict[int, tuple[int, int]]]:
@@ -96,9 +97,36 @@ class ShardStore:
         grad_rows = grad_rows.to(STATE_DTYPE)   # fp16/bf16 tables: the update runs in fp32, like the state
         if self.sync_group is not None:
             rows, grad_rows = self._summed_over_ranks(w, rows, grad_rows)
+        self.steps[w] += 1
+        self._update(w, rows, grad_rows)
+
+    @torch.no_grad()
+    def apply_bag_gradient(self, w: int, ids, offsets, psw, grad: torch.Tensor) -> None:
+        """The optimizer step for a pooled lookup of ``ids`` in buffer ``w`` (bags ``offsets``, weights
+        ``psw``) whose output gradient is ``grad``: each touched row's summed gradient, then its update.
+
+        On CPU both run over blocks of touched rows: each block's gradient sums and the update's
+        temporaries stay in cache, and no per-step temporary is as large as every touched row
+        (allocations that size come fresh from the OS each step, one page fault per 4 KiB).
+        """
+        if self.rule is None:
+            return
+        grouped = group_by_row(ids, offsets, psw, self.buffers[w].shape[0])
+        rows = grouped[0]
+        if self.sync_group is not None or rows.device.type != "cpu" or rows.numel() <= _BLOCK_ROWS:
+            self.apply_gradient(w, rows, summed_rows(grouped, grad))
+            return
+        self.steps[w] += 1
+        grad = grad.contiguous()   # once, not per block
+        blocks = -(-rows.numel() // _BLOCK_ROWS)
+        size = -(-rows.numel() // blocks)   # even blocks: no tail of a row or two (a recompile of the kernel)
+        for a in range(0, rows.numel(), size):
+            b = min(a + size, rows.numel())
+            self._update(w, rows[a:b], summed_rows(grouped, grad, a, b).to(STATE_DTYPE))
+
+    def _update(self, w: int, rows: torch.Tensor, grad_rows: torch.Tensor) -> None:
         # grad_scale (gradient division: the gradient of the mean of per-rank losses) is applied
         # inside the update's loop, never as a pass of its own over every touched row
-        self.steps[w] += 1
         state = self.states[w]
         if self.kernel is not None:
             coeffs = torch.tensor(self.rule.coeffs(self.hp, self.steps[w]) + [self.grad_scale],
@@ -126,25 +154,43 @@ class ShardStore:
         return touched, dense.index_select(0, touched)[:, :-1].contiguous()
 
 
-def summed_row_gradients(ids, offsets, psw, grad, num_rows: int = 2 ** 63 - 1):
-    """(unique ids, per-id sum over occurrences of weight x grad of its bag), without materialising
-    one gradient row per occurrence: an embedding_bag over ``grad`` whose bags are the ids' bags,
-    grouped by id. ``num_rows`` bounds the ids (the buffer's rows): below 2**31 the sort runs on
-    int32 keys, over twice as fast on CPU as int64 ones. The sort is stable, so each row's
-    occurrences are summed in bag order."""
-    lengths = offsets[1:] - offsets[:-1]
-    bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=grad.device), lengths,
-                                  output_size=ids.numel())
+def group_by_row(ids, offsets, psw, num_rows: int = 2 ** 63 - 1) -> tuple:
+    """(unique ids ascending, segment offsets of each id's occurrences, the bag of each occurrence,
+    its weight or None), occurrences in bag order within a row (the sort is stable). ``num_rows``
+    bounds the ids (the buffer's rows): below 2**31 the sort runs on int32 keys, over twice as fast
+    on CPU as int64 ones."""
+    n = ids.numel()
+    # bag of each occurrence: a running count of the bag ends (repeat_interleave over many short
+    # bags costs several times more on CPU)
+    ends = torch.zeros(n + 1, dtype=torch.int64, device=ids.device)
+    inner = offsets[1:-1]
+    ends.index_add_(0, inner, torch.ones(inner.shape, dtype=torch.int64, device=ids.device))
+    bag = torch.cumsum(ends[:n], 0)
     keys = ids.to(torch.int32) if num_rows <= 2 ** 31 else ids
     sorted_ids, order = torch.sort(keys, stable=True)
     rows, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
-    rows = rows.to(ids.dtype)
     seg = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=ids.device)
     torch.cumsum(counts, 0, out=seg[1:])
     weights = None if psw is None else psw.index_select(0, order)
-    summed = F.embedding_bag(bag.index_select(0, order), grad.contiguous(), seg, mode="sum",
-                             per_sample_weights=weights, include_last_offset=True)
-    return rows, summed
+    return rows.to(ids.dtype), seg, bag.index_select(0, order), weights
+
+
+def summed_rows(grouped: tuple, grad: torch.Tensor, a: int = 0, b: Optional[int] = None) -> torch.Tensor:
+    """The summed gradients of rows ``a:b`` of :func:`group_by_row`'s output: an embedding_bag over
+    ``grad`` whose bags are the rows' occurrences (no gradient row materialised per occurrence)."""
+    rows, seg, bag, weights = grouped
+    b = rows.numel() if b is None else b
+    lo, hi = (int(seg[a]), int(seg[b])) if (a, b) != (0, rows.numel()) else (0, bag.numel())
+    part = seg[a:b + 1] if lo == 0 else seg[a:b + 1] - lo
+    return F.embedding_bag(bag[lo:hi], grad.contiguous(), part, mode="sum",
+                           per_sample_weights=None if weights is None else weights[lo:hi], include_last_offset=True)
+
+
+def summed_row_gradients(ids, offsets, psw, grad, num_rows: int = 2 ** 63 - 1):
+    """(unique ids, per-id sum over occurrences of weight x grad of its bag), without materialising
+    one gradient row per occurrence. Each row's occurrences are summed in bag order."""
+    grouped = group_by_row(ids, offsets, psw, num_rows)
+    return grouped[0], summed_rows(grouped, grad)
 
 
 class FusedLookup(torch.autograd.Function):
@@ -163,6 +209,5 @@ class FusedLookup(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         ids, offsets, psw = ctx.saved_tensors
-        rows, grad_rows = summed_row_gradients(ids, offsets, psw, grad, ctx.store.buffers[ctx.w].shape[0])
-        ctx.store.apply_gradient(ctx.w, rows, grad_rows)
+        ctx.store.apply_bag_gradient(ctx.w, ids, offsets, psw, grad)
         return None, None, None, None, None, None
