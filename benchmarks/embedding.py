@@ -7,7 +7,8 @@ local ids, zeroes the masked rows by a 0/1 multiply and all-reduces (``dist.all_
 floor for any row-wise scheme. ``unsharded`` is plain F.embedding on the whole table, timed on rank 0
 alone. Medians (us per call) after a warm-up round, variants timed round-robin (rotating order) so
 background load hits them alike; ratios between sharded variants are the median of per-round ratios
-(paired: both timed in the same round); one thread per rank; one JSON line per (config, mode). Each
+(paired: both timed in the same round), with the quartiles of the per-round ours/hand beside the
+median (``ratio_ours/hand_quartiles``); one thread per rank; one JSON line per (config, mode). Each
 line also carries every rank's peak RSS over the world's run (``peak_rss_mib_per_rank``) next to what
 that rank must hold at most (``held_mib_per_rank``: its shard, the ids and the output gradient; rank 0
 also the whole table of the unsharded baseline and its gradient).
@@ -65,6 +66,13 @@ def _timing(v: int, mode: str) -> dict:
 def _paired_ratio(samples: dict, a: str, b: str) -> float:
     """Median over rounds of a/b timed in the same round: robust to load that drifts between rounds."""
     return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
+
+
+def _paired_quartiles(samples: dict, a: str, b: str) -> list:
+    """[first, third] quartile of the per-round a/b: how far single rounds scatter around the median
+    (a wide spread says the host was noisy and the median is weak evidence)."""
+    q = statistics.quantiles([x / y for x, y in zip(samples[a], samples[b])], n=4)
+    return [round(q[0], 3), round(q[2], 3)]
 
 
 def _variants(rank, world, mesh, tmesh, v, d, n_ids):
@@ -129,6 +137,7 @@ def _bench_config(rank, world, mesh, tmesh, v, d, n_ids):
         row.update({f"{k}_us": round(x, 1) for k, x in t.items()})
         if rank == 0:
             row["ratio_ours/hand"] = round(_paired_ratio(per_round, "ours", "hand"), 3)
+            row["ratio_ours/hand_quartiles"] = _paired_quartiles(per_round, "ours", "hand")
             row["ratio_ours/torch_dtensor"] = round(_paired_ratio(per_round, "ours", "torch_dtensor"), 3)
             row["ratio_ours/unsharded"] = round(t["ours"] / t["unsharded"], 3)
         rows.append(row)
