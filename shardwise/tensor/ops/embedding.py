@@ -70,13 +70,12 @@ def _check_ids(ids: torch.Tensor, num_embeddings: int, mesh, sharded_dims) -> to
     to look up. While a graph is recorded (``DTensorExpandMode``) the verdict cannot be read, so the
     check is recorded as an op that raises when the graph runs, and the lookup reads its output."""
     recording = _recording(ids)
-    if ids.numel() and not sharded_dims and not recording:
-        # every rank holds the same ids, so the same verdict: two reads, nothing to combine
-        lo, hi = torch.aminmax(ids)
-        _raise_if_out_of_range(-lo.item(), hi.item(), num_embeddings)
-        return ids
     if ids.numel():
         lo, hi = torch.aminmax(ids)
+        if not sharded_dims and not recording:
+            # every rank holds the same ids, so the same verdict: two reads, nothing to combine
+            _raise_if_out_of_range(-lo.item(), hi.item(), num_embeddings)
+            return ids
         bounds = torch.stack((-lo, hi))  # both as maxima, so one max-reduce combines ranks
     else:
         bounds = torch.tensor([0, -1], device=ids.device)
