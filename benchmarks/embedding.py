@@ -55,12 +55,13 @@ def _hand_lookup(weight, ids, start):
 
 
 def _timing(v: int, mode: str) -> dict:
-    # a forward is one all-reduce of a few ms whose time on loopback gloo varies 2x from block to
-    # block, so it gets many rounds; a big table's forward+backward (a full-size dense gradient,
-    # hundreds of ms for PyTorch DTensor) gets few, to keep the default run to minutes
-    if mode == "fwd":
+    # a small table's step is one all-reduce of a few ms whose time on loopback gloo varies 2x from
+    # block to block (single rounds' ours/hand scatter 0.75-1.4 on a busy host), so it gets many
+    # rounds; a big table's forward+backward (a full-size dense gradient, hundreds of ms for PyTorch
+    # DTensor) gets few, to keep the default run to minutes
+    if mode == "fwd" or v < 100_000:
         return dict(rounds=41, inner=10)
-    return dict(rounds=9, inner=2) if v >= 100_000 else dict(rounds=21, inner=10)
+    return dict(rounds=9, inner=2)
 
 
 def _paired_ratio(samples: dict, a: str, b: str) -> float:
