@@ -1,9 +1,7 @@
 """Live resharding: move tables of a sharded collection to new shardings while training continues.
 
-Every rank validates, then all agree in one all-gather; the pieces (overlaps of old and new boxes)
-are the same on every rank; only the sharding-type groups that gain or lose a table are rebuilt, into
-new stores (or old buffers they fit, ``reuse``), and filled by the one move executor (``executor``).
-Design and measurements: docs/reshard.md.
+Validate, agree in one all-gather, rebuild only the sharding-type groups that gain or lose a table
+and fill them from the pieces (``pieces``, ``reuse``, ``executor``). Design: docs/reshard.md.
 
 Example:
     >>> stats = reshard(sharded, {"t0": row_wise(), "t1": table_wise(1)})   # doctest: +SKIP
@@ -171,17 +169,6 @@ def _rebuild_groups(module, plan: dict, affected: set) -> list:
     return groups
 
 
-def _count_bytes(stats: ReshardStats, pieces: list, kinds: list, dtype, me: int) -> None:
-    for p in pieces:
-        n = piece_bytes(p, kinds, dtype)
-        if p.src != p.dst:
-            stats.bytes_sent[p.src] += n
-            stats.bytes_received[p.dst] += n
-            stats.bytes_matrix[p.src][p.dst] += n
-        elif p.src == me:
-            stats.bytes_local += n
-
-
 def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: ReshardStats, chunk: int,
           steps: dict) -> None:
     """Rebuild the affected groups with new stores, fill them (the moved pieces and, inside the rebuilt
@@ -245,7 +232,14 @@ def reshard(module, changes: dict, *, max_bytes_per_rank: Optional[int] = None,
         affected = {old_plan[n].sharding_type for n in moved} | {plan[n].sharding_type for n in moved}
         replicated = {n for n in moved if old_plan[n].sharding_type == ShardingType.DATA_PARALLEL}
         pieces = plan_pieces([t.name for t in module._tables], old_boxes, {n: new_boxes[n] for n in moved}, replicated)
-        _count_bytes(stats, pieces, kinds, module._dtype, module._topo.rank)
+        for p in pieces:
+            n = piece_bytes(p, kinds, module._dtype)
+            if p.src != p.dst:
+                stats.bytes_sent[p.src] += n
+                stats.bytes_received[p.dst] += n
+                stats.bytes_matrix[p.src][p.dst] += n
+            elif p.src == module._topo.rank:
+                stats.bytes_local += n
         _move(module, plan, affected, pieces, set(moved), stats, chunk_bytes, buffer_steps)
     stats.wall_time_s = time.perf_counter() - t0
     return stats

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -46,20 +46,16 @@ class Item:
     dst_view: Optional[torch.Tensor]
 
 
-@dataclass
-class Segment:
-    """Rows ``rows`` = [r0, r1) of ``item`` at byte ``offset`` of a message."""
+class Segment(NamedTuple):
+    """Rows ``rows`` = [r0, r1) of ``item``, ``nbytes`` bytes at byte ``offset`` of a message."""
 
     item: Item
     rows: tuple
     offset: int
+    nbytes: int
 
     def view(self, side: str) -> torch.Tensor:
         return (self.item.src_view if side == "src" else self.item.dst_view)[self.rows[0]:self.rows[1]]
-
-    @property
-    def nbytes(self) -> int:
-        return (self.rows[1] - self.rows[0]) * self.item.row_bytes
 
 
 @dataclass
@@ -75,9 +71,8 @@ class Message:
         return -(-self.nbytes // 8) * 8       # 8-byte aligned, so any dtype can view its segment
 
     def add(self, item: Item, r0: int, r1: int) -> None:
-        offset = self.next_offset()
-        self.segments.append(Segment(item, (r0, r1), offset))
-        self.nbytes = offset + (r1 - r0) * item.row_bytes
+        self.segments.append(Segment(item, (r0, r1), self.next_offset(), (r1 - r0) * item.row_bytes))
+        self.nbytes = self.segments[-1].offset + self.segments[-1].nbytes
 
 
 def cut_messages(items: list, chunk_bytes: int) -> list:
@@ -110,18 +105,6 @@ def _direct(msg: Message, side: str) -> Optional[torch.Tensor]:
     return v.reshape(-1).view(torch.uint8) if v.is_contiguous() else None
 
 
-def _round_buffers(rounds: list, device) -> dict:
-    """{(side, round parity): buffer} for the messages packed or unpacked, sized for the largest and
-    allocated once per move: a fresh buffer per round would pay first-touch page faults every round."""
-    sizes: dict = {}
-    for k, (sends, recvs) in enumerate(rounds):
-        for side, msgs in (("src", sends), ("dst", recvs)):
-            for msg in msgs.values():
-                if _direct(msg, side) is None:
-                    sizes[side, k % 2] = max(sizes.get((side, k % 2), 0), msg.nbytes)
-    return {key: torch.empty(n, dtype=torch.uint8, device=device) for key, n in sizes.items()}
-
-
 def _stage(msg: Message, side: str, buf: torch.Tensor) -> None:
     """Pack a send into ``buf`` (``side='src'``) or unpack a receive from it (``'dst'``)."""
     for s in msg.segments:
@@ -133,9 +116,9 @@ def _stage(msg: Message, side: str, buf: torch.Tensor) -> None:
             view.copy_(part)
 
 
-def _post(k: int, rounds: list, buffers: dict, group, world: int, empty: torch.Tensor) -> tuple:
-    """Pack round ``k``'s send and post the round; returns (work, (buffer, message) to unpack or None)."""
-    tensors, splits, unpack = {"src": empty, "dst": empty}, {"src": [0] * world, "dst": [0] * world}, None
+def _post(k: int, rounds: list, buffers: dict, group, world: int, empty: torch.Tensor):
+    """Pack round ``k``'s send and post the round (async)."""
+    tensors, splits = {"src": empty, "dst": empty}, {"src": [0] * world, "dst": [0] * world}
     for side, msgs in zip(("src", "dst"), rounds[k]):
         for peer, msg in msgs.items():
             buf = _direct(msg, side)
@@ -143,12 +126,9 @@ def _post(k: int, rounds: list, buffers: dict, group, world: int, empty: torch.T
                 buf = buffers[side, k % 2][:msg.nbytes]
                 if side == "src":
                     _stage(msg, side, buf)
-                else:
-                    unpack = (buf, msg)
             tensors[side], splits[side][peer] = buf, msg.nbytes
-    work = dist.all_to_all_single(tensors["dst"], tensors["src"], splits["dst"], splits["src"], group=group,
+    return dist.all_to_all_single(tensors["dst"], tensors["src"], splits["dst"], splits["src"], group=group,
                                   async_op=True)
-    return work, unpack
 
 
 @dataclass
@@ -171,21 +151,29 @@ def exchange(moves: Moves, group, device) -> int:
     Returns the bytes of round buffers this rank allocated (all alive until the move ends)."""
     assert not moves.conflicts, f"exchange: writes would clobber unread bytes in storages {moves.conflicts}"
     world, rounds = dist.get_world_size(group), moves.rounds
-    buffers = _round_buffers(rounds, device)
+    # one buffer per (side, round parity) for the messages packed or unpacked, sized for the largest:
+    # round k+2 reuses round k's, since a fresh buffer per round would pay first-touch page faults
+    sizes: dict = {}
+    for k, messages in enumerate(rounds):
+        for side, msgs in zip(("src", "dst"), messages):
+            for msg in (m for m in msgs.values() if _direct(m, side) is None):
+                sizes[side, k % 2] = max(sizes.get((side, k % 2), 0), msg.nbytes)
+    buffers = {key: torch.empty(n, dtype=torch.uint8, device=device) for key, n in sizes.items()}
     empty = torch.empty(0, dtype=torch.uint8, device=device)
     for src, dst in moves.early:          # they read memory that round 0 may receive into
         dst.copy_(src)
-    following = _post(0, rounds, buffers, group, world, empty) if rounds else None
+    work = _post(0, rounds, buffers, group, world, empty) if rounds else None
     for src, dst in moves.late:           # while round 0 is on the wire
         dst.copy_(src)
     for k in range(len(rounds)):
-        work, unpack = following
+        done = work
         if k + 1 < len(rounds):
-            following = _post(k + 1, rounds, buffers, group, world, empty)   # on the wire behind round k
-        work.wait()
-        if unpack is not None:
-            _stage(unpack[1], "dst", unpack[0])
-    return sum(b.numel() for b in buffers.values())
+            work = _post(k + 1, rounds, buffers, group, world, empty)   # on the wire behind round k
+        done.wait()
+        for msg in rounds[k][1].values():
+            if _direct(msg, "dst") is None:
+                _stage(msg, "dst", buffers["dst", k % 2])
+    return sum(sizes.values())
 
 
 def _items(pieces: list, kinds: list, me: int, views, dtype) -> tuple:
@@ -207,25 +195,18 @@ def _items(pieces: list, kinds: list, me: int, views, dtype) -> tuple:
     return pairs, local
 
 
-def _pairings(world: int) -> list:
-    """The ranks paired off, world-1 times (world times for an odd world, one rank idle each time),
-    so that every two ranks meet once: a round-robin tournament (circle method)."""
-    n = world + world % 2
-    out = []
-    for i in range(n - 1):
-        pairs = [(i, n - 1)] + [((i + k) % (n - 1), (i - k) % (n - 1)) for k in range(1, n // 2)]
-        out.append([(a, b) for a, b in pairs if a < world and b < world])
-    return out
-
-
 def _rounds(pairs: dict, me: int, world: int, chunk_bytes: int) -> list:
-    """[(sends {peer: Message}, receives {peer: Message})] per round, the same list of rounds on every
-    rank: per pairing, as many rounds as its longest direction has messages; message m of both
-    directions of every pair travels in round m (a swap's two directions together)."""
-    rounds: list = []
-    for pairing in _pairings(world):
+    """[(sends {peer: Message}, receives {peer: Message})] per round, the same list on every rank.
+
+    The ranks are paired off world-1 times (world times for an odd world, one rank idle each time) so
+    that every two meet once: a round-robin tournament (circle method). Per pairing, as many rounds as
+    its longest direction has messages; message m of both directions of every pair travels in round m
+    (a swap's two directions together)."""
+    n, rounds = world + world % 2, []
+    for i in range(n - 1):
+        pairing = [(i, n - 1)] + [((i + k) % (n - 1), (i - k) % (n - 1)) for k in range(1, n // 2)]
         cuts = {(a, b): cut_messages(pairs.get((a, b), []), chunk_bytes) for x, y in pairing
-                for a, b in ((x, y), (y, x))}
+                if x < world and y < world for a, b in ((x, y), (y, x))}
         peer = next((b for a, b in cuts if a == me), None)
         out, into = cuts.get((me, peer), []), cuts.get((peer, me), [])
         for m in range(max((len(c) for c in cuts.values()), default=0)):
@@ -240,28 +221,24 @@ def _span(t: torch.Tensor) -> tuple:
     return t.untyped_storage().data_ptr(), t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-def _write_times(rounds: list):
-    """``first(span)``: when the earliest receive writing into ``span`` starts (:func:`_order`'s
-    times; NEVER if none). The writes are sorted per storage, so a lookup stays fast with thousands of
-    small pieces in one buffer: only writes starting in (lo - longest write, hi) can overlap [lo, hi)."""
-    writes: dict = {}
-    for k, (_, recvs) in enumerate(rounds):
-        for msg in recvs.values():
-            when = 4 * k + 1 if _direct(msg, "dst") is not None else 4 * k + 7
-            for s in msg.segments:
-                store, lo, hi = _span(s.view("dst"))
-                writes.setdefault(store, []).append((lo, hi, when))
-    for spans in writes.values():
-        spans.sort()
-    starts = {store: [a for a, _, _ in spans] for store, spans in writes.items()}
-    longest = {store: max(b - a for a, b, _ in spans) for store, spans in writes.items()}
+def _first_overlap(timed: list):
+    """``first(span)``: the earliest time among ``timed`` [(span, time)] whose span overlaps ``span``
+    (NEVER if none). Sorted per storage, so a lookup stays fast with thousands of small pieces in one
+    buffer: only spans starting in (lo - longest span, hi) can overlap [lo, hi)."""
+    spans: dict = {}
+    for (store, lo, hi), when in timed:
+        spans.setdefault(store, []).append((lo, hi, when))
+    for v in spans.values():
+        v.sort()
+    starts = {store: [a for a, _, _ in v] for store, v in spans.items()}
+    longest = {store: max(b - a for a, b, _ in v) for store, v in spans.items()}
 
     def first(span: tuple) -> float:
         store, lo, hi = span
-        if store not in writes:
+        if store not in spans:
             return NEVER
         i, j = bisect.bisect_right(starts[store], lo - longest[store]), bisect.bisect_left(starts[store], hi)
-        return min((w for a, b, w in writes[store][i:j] if lo < b), default=NEVER)
+        return min((w for a, b, w in spans[store][i:j] if lo < b), default=NEVER)
     return first
 
 
@@ -272,7 +249,9 @@ def _order(rounds: list, local: list) -> tuple:
     posted) and unpacked at 4j+7; early local copies run at -2, the others at 2. A direct send reads
     during [4j+1, 4j+6], a packed one at 4j; a direct receive writes from 4j+1, an unpacked one at
     4j+7. Marks the sends that must be packed; returns (early copies, late copies, conflicting storages)."""
-    first_write = _write_times(rounds)
+    first_write = _first_overlap([(_span(s.view("dst")), 4 * k + (1 if _direct(msg, "dst") is not None else 7))
+                                  for k, (_, recvs) in enumerate(rounds) for msg in recvs.values()
+                                  for s in msg.segments])
     reads = [_span(src) for src, _ in local]
     conflicts = set()
     for j, (sends, _) in enumerate(rounds):
@@ -283,14 +262,11 @@ def _order(rounds: list, local: list) -> tuple:
             if min(firsts, default=NEVER) <= 4 * j + 6 and _direct(msg, "src") is not None:
                 msg.pack = True           # read before the round is posted instead of during it
             conflicts.update(sp[0] for sp, when in zip(spans, firsts) if when <= 4 * j)
-    by_store: dict = {}
-    for store, lo, hi in reads:
-        by_store.setdefault(store, []).append((lo, hi))
+    first_read = _first_overlap([(sp, 0) for sp in reads])
     early, late = [], []
     for src, dst in local:
-        store, lo, hi = _span(dst)
-        if any(a < hi and lo < b for a, b in by_store.get(store, ())):
-            conflicts.add(store)          # it would overwrite old bytes another part still reads
+        if first_read(_span(dst)) < NEVER:
+            conflicts.add(_span(dst)[0])  # it would overwrite old bytes another part still reads
         (early if first_write(_span(src)) < NEVER else late).append((src, dst))
     return early, late, conflicts
 
