@@ -56,19 +56,19 @@ def current_plan(module) -> dict:
     return module.sharding_plan()
 
 
-def _encode(key, ps) -> tuple:
-    if not isinstance(ps, ParameterSharding):
-        return repr(key), "not-a-ParameterSharding", type(ps).__name__
-    st = ps.sharding_type.value if isinstance(ps.sharding_type, ShardingType) else repr(ps.sharding_type)
-    return repr(key), st, repr(ps.ranks), repr(ps.host_index)
-
-
 def changes_digest(changes) -> bytes:
     """sha256 of a canonical encoding of ``changes``, equal on two ranks iff their changes are (never
     Python's per-process ``hash()``)."""
     if not isinstance(changes, dict):
         return hashlib.sha256(f"not-a-dict:{type(changes).__name__}".encode()).digest()
-    items = [_encode(k, changes[k]) for k in sorted(changes, key=repr)]
+    items = []
+    for k in sorted(changes, key=repr):
+        ps = changes[k]
+        if not isinstance(ps, ParameterSharding):
+            items.append((repr(k), "not-a-ParameterSharding", type(ps).__name__))
+            continue
+        st = ps.sharding_type.value if isinstance(ps.sharding_type, ShardingType) else repr(ps.sharding_type)
+        items.append((repr(k), st, repr(ps.ranks), repr(ps.host_index)))
     return hashlib.sha256(repr(items).encode()).digest()
 
 
@@ -155,28 +155,20 @@ def _buffer_steps(module, plan: dict, layout: dict, steps: dict) -> dict:
     return {key: max(per_table.values()) for key, per_table in shared.items()}
 
 
-def _rebuild_groups(module, plan: dict, affected: set) -> list:
-    """New group list in ShardingType order: affected types built afresh with new, uninitialised
-    stores (the move writes every element; never a copy of the full tables), the others kept."""
-    old = {g.sharding_type: g for g in module._groups}
-    cols = module._groups[0].spec.feature_cols
-    rule, hp = module.fused_optimizer.rule, module.fused_optimizer.hp
-    groups = []
-    for st in ShardingType:
-        tables = [t for t in module._tables if plan[t.name].sharding_type == st]
-        if tables:
-            groups.append(module._build_group(st, tables, plan, cols, None, rule, hp) if st in affected else old[st])
-    return groups
-
-
 def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: ReshardStats, chunk: int,
           steps: dict) -> None:
-    """Rebuild the affected groups with new stores, fill them (the moved pieces and, inside the rebuilt
-    groups, the unmoved tables' boxes: local copies, none where a store took over the buffer they sit
-    in), set their step counts and swap them in."""
-    topo = module._topo
+    """Rebuild the affected sharding-type groups with new stores (the others are kept), fill them (the
+    moved pieces and, inside the rebuilt groups, the unmoved tables' boxes: local copies, none where a
+    store took over the buffer they sit in), set their step counts and swap them in."""
+    topo, rule, hp = module._topo, module.fused_optimizer.rule, module.fused_optimizer.hp
+    by_type, cols = {g.sharding_type: g for g in module._groups}, module._groups[0].spec.feature_cols
+    groups = []
+    for st in ShardingType:   # the construction's order; new stores start uninitialised: the move fills them
+        tables = [t for t in module._tables if plan[t.name].sharding_type == st]
+        if tables:
+            groups.append(by_type[st] if st not in affected else
+                          module._build_group(st, tables, plan, cols, None, rule, hp))
     old_groups = [g for g in module._groups if g.sharding_type in affected]
-    groups = _rebuild_groups(module, plan, affected)
     rebuilt = [g for g in groups if g.sharding_type in affected]
     adopt_buffers(old_groups, rebuilt)
     index = {old: {g.store.boxes[i]: (g.store, i) for g in gs for i in g.store.loc}
@@ -187,7 +179,7 @@ def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: Re
         return store.box_view(i, what)
     every = pieces + [whole_box(b) for g in rebuilt for b in g.routing.boxes
                       if b.rank == topo.rank and b.table not in moved]
-    args = (every, state_kinds(module.fused_optimizer.rule), views, topo.rank, topo.world_size, module._dtype, chunk)
+    args = (every, state_kinds(rule), views, topo.rank, topo.world_size, module._dtype, chunk)
     moves = plan_moves(*args)
     if moves.conflicts:   # taken-over buffers the loop's order cannot protect: new memory for them
         release(rebuilt, moves.conflicts)

@@ -1,10 +1,6 @@
-"""The move of a reshard: every piece from the old stores into the new ones, one way for every backend.
-
-Per (source, destination) pair, what moves is cut into messages of at most ``chunk_bytes``; the ranks
-are paired off round-robin and message m of both directions of every pair of a pairing travels in
-one round, one ``all_to_all_single``. Two rounds are on the wire at once; round buffers are two per
-direction, so transient memory is at most 2 x 2 x ``chunk_bytes``. Why each choice, and the ordering
-check for buffers a new store took over: docs/reshard.md, "How it works", step 4.
+"""The move of a reshard: every piece from the old stores into the new ones, one way for every backend:
+messages of at most ``chunk_bytes``, one ``all_to_all_single`` per round, two rounds on the wire, two
+round buffers per direction. Why, and the ordering check: docs/reshard.md, "How it works", step 4.
 
 Example (the cut is plain data; pieces from :func:`~shardwise.embedding.reshard.pieces.plan_pieces`):
     >>> import torch
@@ -176,25 +172,6 @@ def exchange(moves: Moves, group, device) -> int:
     return sum(sizes.values())
 
 
-def _items(pieces: list, kinds: list, me: int, views, dtype) -> tuple:
-    """({(src, dst): [Item]} for every pair -- views on this rank's side only; the others' items
-    carry sizes, so every rank cuts every pair alike -- and [(src view, dst view)] local copies,
-    less those from a view onto itself (a kept box in a buffer the new store took over))."""
-    pairs, local = {}, []
-    for p in pieces:
-        for what, kind in kinds:
-            if not piece_numel(p, kind) or (p.src == p.dst and p.src != me):
-                continue
-            src = cut(views(p.src_box, what, old=True), p.src_box, p, kind) if p.src == me else None
-            dst = cut(views(p.dst_box, what, old=False), p.dst_box, p, kind) if p.dst == me else None
-            if p.src != p.dst:
-                row_bytes = itemsize(what, dtype) * (p.c1 - p.c0 if kind == "elem" else 1)
-                pairs.setdefault((p.src, p.dst), []).append(Item(p.src, p.dst, p.r1 - p.r0, row_bytes, src, dst))
-            elif (src.data_ptr(), src.shape, src.stride()) != (dst.data_ptr(), dst.shape, dst.stride()):
-                local.append((src, dst))
-    return pairs, local
-
-
 def _rounds(pairs: dict, me: int, world: int, chunk_bytes: int) -> list:
     """[(sends {peer: Message}, receives {peer: Message})] per round, the same list on every rank.
 
@@ -276,8 +253,21 @@ def plan_moves(pieces: list, kinds: list, views, me: int, world: int, dtype,
     """This rank's messages and local copies for ``pieces`` (no communication).
 
     ``views(box, what, old)`` returns the rows of ``box`` in an old (``old=True``) or new store for
-    the weights (``what=None``) or a state tensor; ``dtype``: the weights' dtype.
+    the weights (``what=None``) or a state tensor; ``dtype``: the weights' dtype. Every rank cuts
+    every pair's messages alike: the items of other ranks' pairs carry sizes only. A local copy from a
+    view onto itself (a kept box in a buffer the new store took over) is dropped: it is in place.
     """
-    pairs, local = _items(pieces, kinds, me, views, dtype)
+    pairs, local = {}, []
+    for p in pieces:
+        for what, kind in kinds:
+            if not piece_numel(p, kind) or (p.src == p.dst and p.src != me):
+                continue
+            src = cut(views(p.src_box, what, old=True), p.src_box, p, kind) if p.src == me else None
+            dst = cut(views(p.dst_box, what, old=False), p.dst_box, p, kind) if p.dst == me else None
+            if p.src != p.dst:
+                row_bytes = itemsize(what, dtype) * (p.c1 - p.c0 if kind == "elem" else 1)
+                pairs.setdefault((p.src, p.dst), []).append(Item(p.src, p.dst, p.r1 - p.r0, row_bytes, src, dst))
+            elif (src.data_ptr(), src.shape, src.stride()) != (dst.data_ptr(), dst.shape, dst.stride()):
+                local.append((src, dst))
     rounds = _rounds(pairs, me, world, chunk_bytes)
     return Moves(rounds, *_order(rounds, local))
