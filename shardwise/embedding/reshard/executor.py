@@ -23,9 +23,7 @@ from .pieces import cut, itemsize, piece_numel
 
 __all__ = ["CHUNK_BYTES", "Item", "Segment", "Message", "Moves", "cut_messages", "plan_moves", "exchange"]
 
-# Per message: on the 2-core CPU box 4 MiB rounds took about half the time of 16 MiB ones
-# (docs/reshard.md), and they bound memory lower.
-CHUNK_BYTES = 4 << 20
+CHUNK_BYTES = 4 << 20   # per message: half the time of 16 MiB on the 2-core box (docs/reshard.md), less memory
 NEVER = float("inf")
 
 
@@ -127,8 +125,7 @@ def _post(k: int, rounds: list, buffers: dict, group, world: int, empty: torch.T
                                   async_op=True)
 
 
-@dataclass
-class Moves:
+class Moves(NamedTuple):
     """One rank's part of a move, planned and not yet run: ``rounds`` [(sends {peer: Message},
     receives {peer: Message})], local copies [(src view, dst view)] run ``early`` (before round 0 is
     posted) or ``late`` (while it travels), and ``conflicts``: storages (data pointers) where a write

@@ -1,9 +1,5 @@
 """The pieces of a reshard: the overlap of a table's old and new shard boxes, computed alike on every rank.
 
-A piece is a rectangle of one table going from one rank's old box to one rank's new box. It carries
-the weights and, with them, every optimizer-state tensor of those rows: element-wise state (Adagrad's
-sum, Adam's moments) over the same rectangle, per-row state (row-wise Adagrad) once per row.
-
 Example:
     >>> from shardwise.embedding.plan.values import ShardBox
     >>> old = {"t": [ShardBox("t", 0, 0, 10, 0, 4)]}
@@ -27,7 +23,8 @@ __all__ = ["Piece", "plan_pieces", "whole_box", "piece_numel", "piece_bytes", "c
 @dataclass(frozen=True)
 class Piece:
     """Rows [r0, r1) x columns [c0, c1) of ``table`` going from ``src`` (inside ``src_box``) to
-    ``dst`` (inside ``dst_box``)."""
+    ``dst`` (inside ``dst_box``), with every optimizer-state tensor of those rows: element-wise state
+    (Adagrad's sum, Adam's moments) over the same rectangle, per-row state once per row."""
 
     table: str
     src: int

@@ -1,10 +1,7 @@
-"""A rebuilt group's new store may take over an old buffer of the same shape instead of new memory.
-
-On CPU the first touch of a fresh page costs about as much as carrying its bytes over the wire; a
-taken-over buffer's kept boxes need no copy and received rows land in memory already faulted in
-(docs/reshard.md, "How it works", step 3). Whether the move's order keeps every read of old bytes
-before the write onto them is the executor's check (``plan_moves``); the buffers where it cannot get
-fresh memory again (:func:`release`).
+"""A rebuilt group's new store may take over an old buffer of the same shape instead of new memory:
+its kept boxes need no copy, and received rows land in memory already faulted in (why: docs/reshard.md,
+"How it works", step 3). ``plan_moves`` checks the move's order against it; :func:`release` gives the
+buffers where a write would come before a read of the old bytes under it fresh memory again.
 
 Example:
     >>> adopt_buffers(old_groups, rebuilt)           # doctest: +SKIP
@@ -33,16 +30,10 @@ def _in_place(new, w: int, old, ow: int):
     if [(t.shape, t.dtype) for t in _tensors(new, w)] != [(t.shape, t.dtype) for t in _tensors(old, ow)] or \
             list(new.states[w]) != list(old.states[ow]):
         return None
-    at = {old.boxes[i]: where for i, where in old.loc.items()}
-    kept = 0
-    for i, (nw, base) in new.loc.items():
-        where = at.get(new.boxes[i])
-        if nw != w or where is None or where[0] != ow:
-            continue
-        if where[1] != base:
-            return None
-        kept += new.boxes[i].row_size
-    return kept
+    old_rows = {old.boxes[i]: base for i, (x, base) in old.loc.items() if x == ow}
+    shared = [(base, old_rows[new.boxes[i]], new.boxes[i].row_size) for i, (x, base) in new.loc.items()
+              if x == w and new.boxes[i] in old_rows]
+    return None if any(a != b for a, b, _ in shared) else sum(n for _, _, n in shared)
 
 
 def adopt_buffers(old_groups: list, rebuilt: list) -> None:
