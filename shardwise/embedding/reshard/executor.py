@@ -87,7 +87,7 @@ def cut_messages(items: list, chunk_bytes: int) -> list:
                 out.append(small)
                 small = Message()
             small.add(it, r, r1)
-    return out + [small] if small.segments else out
+    return out + ([small] if small.segments else [])
 
 
 def _direct(msg: Message, side: str) -> Optional[torch.Tensor]:
@@ -97,32 +97,6 @@ def _direct(msg: Message, side: str) -> Optional[torch.Tensor]:
         return None
     v = msg.segments[0].view(side)
     return v.reshape(-1).view(torch.uint8) if v.is_contiguous() else None
-
-
-def _stage(msg: Message, side: str, buf: torch.Tensor) -> None:
-    """Pack a send into ``buf`` (``side='src'``) or unpack a receive from it (``'dst'``)."""
-    for s in msg.segments:
-        view = s.view(side)
-        part = buf[s.offset:s.offset + s.nbytes].view(view.dtype).view(view.shape)
-        if side == "src":
-            part.copy_(view)
-        else:
-            view.copy_(part)
-
-
-def _post(k: int, rounds: list, buffers: dict, group, world: int, empty: torch.Tensor):
-    """Pack round ``k``'s send and post the round (async)."""
-    tensors, splits = {"src": empty, "dst": empty}, {"src": [0] * world, "dst": [0] * world}
-    for side, msgs in zip(("src", "dst"), rounds[k]):
-        for peer, msg in msgs.items():
-            buf = _direct(msg, side)
-            if buf is None:
-                buf = buffers[side, k % 2][:msg.nbytes]
-                if side == "src":
-                    _stage(msg, side, buf)
-            tensors[side], splits[side][peer] = buf, msg.nbytes
-    return dist.all_to_all_single(tensors["dst"], tensors["src"], splits["dst"], splits["src"], group=group,
-                                  async_op=True)
 
 
 class Moves(NamedTuple):
@@ -137,36 +111,29 @@ class Moves(NamedTuple):
     conflicts: set
 
 
-@torch.no_grad()
-def exchange(moves: Moves, group, device) -> int:
-    """Run a planned move; collective over ``group`` (every rank runs its own plan of the same pieces).
-    Round k+1 is packed and posted before round k is waited for and unpacked, so the wire never idles.
-    Returns the bytes of round buffers this rank allocated (all alive until the move ends)."""
-    assert not moves.conflicts, f"exchange: writes would clobber unread bytes in storages {moves.conflicts}"
-    world, rounds = dist.get_world_size(group), moves.rounds
-    # one buffer per (side, round parity) for the messages packed or unpacked, sized for the largest:
-    # round k+2 reuses round k's, since a fresh buffer per round would pay first-touch page faults
-    sizes: dict = {}
-    for k, messages in enumerate(rounds):
-        for side, msgs in zip(("src", "dst"), messages):
-            for msg in (m for m in msgs.values() if _direct(m, side) is None):
-                sizes[side, k % 2] = max(sizes.get((side, k % 2), 0), msg.nbytes)
-    buffers = {key: torch.empty(n, dtype=torch.uint8, device=device) for key, n in sizes.items()}
-    empty = torch.empty(0, dtype=torch.uint8, device=device)
-    for src, dst in moves.early:          # they read memory that round 0 may receive into
-        dst.copy_(src)
-    work = _post(0, rounds, buffers, group, world, empty) if rounds else None
-    for src, dst in moves.late:           # while round 0 is on the wire
-        dst.copy_(src)
-    for k in range(len(rounds)):
-        done = work
-        if k + 1 < len(rounds):
-            work = _post(k + 1, rounds, buffers, group, world, empty)   # on the wire behind round k
-        done.wait()
-        for msg in rounds[k][1].values():
-            if _direct(msg, "dst") is None:
-                _stage(msg, "dst", buffers["dst", k % 2])
-    return sum(sizes.values())
+def plan_moves(pieces: list, kinds: list, views, me: int, world: int, dtype,
+               chunk_bytes: int = CHUNK_BYTES) -> Moves:
+    """This rank's messages and local copies for ``pieces`` (no communication).
+
+    ``views(box, what, old)`` returns the rows of ``box`` in an old (``old=True``) or new store for
+    the weights (``what=None``) or a state tensor; ``dtype``: the weights' dtype. Every rank cuts
+    every pair's messages alike: the items of other ranks' pairs carry sizes only. A local copy from a
+    view onto itself (a kept box in a buffer the new store took over) is dropped: it is in place.
+    """
+    pairs, local = {}, []
+    for p in pieces:
+        for what, kind in kinds:
+            if not piece_numel(p, kind) or (p.src == p.dst and p.src != me):
+                continue
+            src = cut(views(p.src_box, what, old=True), p.src_box, p, kind) if p.src == me else None
+            dst = cut(views(p.dst_box, what, old=False), p.dst_box, p, kind) if p.dst == me else None
+            if p.src != p.dst:
+                row_bytes = itemsize(what, dtype) * (p.c1 - p.c0 if kind == "elem" else 1)
+                pairs.setdefault((p.src, p.dst), []).append(Item(p.src, p.dst, p.r1 - p.r0, row_bytes, src, dst))
+            elif (src.data_ptr(), src.shape, src.stride()) != (dst.data_ptr(), dst.shape, dst.stride()):
+                local.append((src, dst))
+    rounds = _rounds(pairs, me, world, chunk_bytes)
+    return Moves(rounds, *_order(rounds, local))
 
 
 def _rounds(pairs: dict, me: int, world: int, chunk_bytes: int) -> list:
@@ -245,26 +212,59 @@ def _order(rounds: list, local: list) -> tuple:
     return early, late, conflicts
 
 
-def plan_moves(pieces: list, kinds: list, views, me: int, world: int, dtype,
-               chunk_bytes: int = CHUNK_BYTES) -> Moves:
-    """This rank's messages and local copies for ``pieces`` (no communication).
+def _stage(msg: Message, side: str, buf: torch.Tensor) -> None:
+    """Pack a send into ``buf`` (``side='src'``) or unpack a receive from it (``'dst'``)."""
+    for s in msg.segments:
+        view = s.view(side)
+        part = buf[s.offset:s.offset + s.nbytes].view(view.dtype).view(view.shape)
+        if side == "src":
+            part.copy_(view)
+        else:
+            view.copy_(part)
 
-    ``views(box, what, old)`` returns the rows of ``box`` in an old (``old=True``) or new store for
-    the weights (``what=None``) or a state tensor; ``dtype``: the weights' dtype. Every rank cuts
-    every pair's messages alike: the items of other ranks' pairs carry sizes only. A local copy from a
-    view onto itself (a kept box in a buffer the new store took over) is dropped: it is in place.
-    """
-    pairs, local = {}, []
-    for p in pieces:
-        for what, kind in kinds:
-            if not piece_numel(p, kind) or (p.src == p.dst and p.src != me):
-                continue
-            src = cut(views(p.src_box, what, old=True), p.src_box, p, kind) if p.src == me else None
-            dst = cut(views(p.dst_box, what, old=False), p.dst_box, p, kind) if p.dst == me else None
-            if p.src != p.dst:
-                row_bytes = itemsize(what, dtype) * (p.c1 - p.c0 if kind == "elem" else 1)
-                pairs.setdefault((p.src, p.dst), []).append(Item(p.src, p.dst, p.r1 - p.r0, row_bytes, src, dst))
-            elif (src.data_ptr(), src.shape, src.stride()) != (dst.data_ptr(), dst.shape, dst.stride()):
-                local.append((src, dst))
-    rounds = _rounds(pairs, me, world, chunk_bytes)
-    return Moves(rounds, *_order(rounds, local))
+
+def _post(k: int, rounds: list, buffers: dict, group, world: int, empty: torch.Tensor):
+    """Pack round ``k``'s send and post the round (async)."""
+    tensors, splits = {"src": empty, "dst": empty}, {"src": [0] * world, "dst": [0] * world}
+    for side, msgs in zip(("src", "dst"), rounds[k]):
+        for peer, msg in msgs.items():
+            buf = _direct(msg, side)
+            if buf is None:
+                buf = buffers[side, k % 2][:msg.nbytes]
+                if side == "src":
+                    _stage(msg, side, buf)
+            tensors[side], splits[side][peer] = buf, msg.nbytes
+    return dist.all_to_all_single(tensors["dst"], tensors["src"], splits["dst"], splits["src"], group=group,
+                                  async_op=True)
+
+
+@torch.no_grad()
+def exchange(moves: Moves, group, device) -> int:
+    """Run a planned move; collective over ``group`` (every rank runs its own plan of the same pieces).
+    Round k+1 is packed and posted before round k is waited for and unpacked, so the wire never idles.
+    Returns the bytes of round buffers this rank allocated (all alive until the move ends)."""
+    assert not moves.conflicts, f"exchange: writes would clobber unread bytes in storages {moves.conflicts}"
+    world, rounds = dist.get_world_size(group), moves.rounds
+    # one buffer per (side, round parity) for the messages packed or unpacked, sized for the largest:
+    # round k+2 reuses round k's, since a fresh buffer per round would pay first-touch page faults
+    sizes: dict = {}
+    for k, messages in enumerate(rounds):
+        for side, msgs in zip(("src", "dst"), messages):
+            for msg in (m for m in msgs.values() if _direct(m, side) is None):
+                sizes[side, k % 2] = max(sizes.get((side, k % 2), 0), msg.nbytes)
+    buffers = {key: torch.empty(n, dtype=torch.uint8, device=device) for key, n in sizes.items()}
+    empty = torch.empty(0, dtype=torch.uint8, device=device)
+    for src, dst in moves.early:          # they read memory that round 0 may receive into
+        dst.copy_(src)
+    work = _post(0, rounds, buffers, group, world, empty) if rounds else None
+    for src, dst in moves.late:           # while round 0 is on the wire
+        dst.copy_(src)
+    for k in range(len(rounds)):
+        done = work
+        if k + 1 < len(rounds):
+            work = _post(k + 1, rounds, buffers, group, world, empty)   # on the wire behind round k
+        done.wait()
+        for msg in rounds[k][1].values():
+            if _direct(msg, "dst") is None:
+                _stage(msg, "dst", buffers["dst", k % 2])
+    return sum(sizes.values())
