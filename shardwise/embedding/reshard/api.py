@@ -124,8 +124,8 @@ def _agree(module, changes, limit: Optional[int], chunk_bytes) -> tuple:
     chunk = chunk_bytes if isinstance(chunk_bytes, int) and not isinstance(chunk_bytes, bool) else -1
     # this rank's optimizer step per table (config order), -1 where it holds none of the table
     here = {g.store.boxes[i].table: g.store.steps[w] for g in module._groups for i, (w, _) in g.store.loc.items()}
-    row = list(changes_digest(changes)) + [chunk, int(error is not None)] + [here.get(t.name, -1)
-                                                                              for t in module._tables]
+    steps_here = [here.get(t.name, -1) for t in module._tables]
+    row = list(changes_digest(changes)) + [chunk, int(error is not None)] + steps_here
     rows = all_gather_ints(row, topo.world_size, topo.group, topo.device)
     differ = [r for r in range(topo.world_size) if rows[r][:_AGREED] != rows[0][:_AGREED]]
     if differ:
@@ -171,11 +171,11 @@ def _move(module, plan: dict, affected: set, pieces: list, moved: set, stats: Re
     old_groups = [g for g in module._groups if g.sharding_type in affected]
     rebuilt = [g for g in groups if g.sharding_type in affected]
     adopt_buffers(old_groups, rebuilt)
-    index = {old: {g.store.boxes[i]: (g.store, i) for g in gs for i in g.store.loc}
-             for old, gs in ((True, old_groups), (False, rebuilt))}
+    old_index = {g.store.boxes[i]: (g.store, i) for g in old_groups for i in g.store.loc}
+    new_index = {g.store.boxes[i]: (g.store, i) for g in rebuilt for i in g.store.loc}
 
     def views(box, what, old: bool):
-        store, i = index[old][box]
+        store, i = (old_index if old else new_index)[box]
         return store.box_view(i, what)
     every = pieces + [whole_box(b) for g in rebuilt for b in g.routing.boxes
                       if b.rank == topo.rank and b.table not in moved]
