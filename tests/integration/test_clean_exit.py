@@ -16,8 +16,9 @@ from pathlib import Path
 SCRIPT = Path(__file__).with_name("_exit_script.py")
 ROOT = str(Path(__file__).resolve().parents[2])
 # 4 two-rank jobs, two at a time (~35 CPU-seconds): the thread check below is the guard, it fails on
-# every run without the fix (4 threads at exit vs 1); the repetitions only add chances to see the rare
-# abort itself (8 jobs before: each job is two fresh processes importing torch, the test's whole cost)
+# every run without the fix; the repetitions only add chances to see the rare abort itself, which 24
+# jobs without the fix did not show once (docs/reliability.md). 8 jobs before: each job is two fresh
+# processes importing torch, the test's whole cost
 RUNS, WORLD = 4, 2
 
 
