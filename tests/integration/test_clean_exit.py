@@ -15,9 +15,11 @@ from pathlib import Path
 
 SCRIPT = Path(__file__).with_name("_exit_script.py")
 ROOT = str(Path(__file__).resolve().parents[2])
-# 8 two-rank jobs, two at a time (~70 CPU-seconds): the thread check below fails on every run without
-# the fix; the repetitions are for the rare abort itself
-RUNS, WORLD = 8, 2
+# 4 two-rank jobs, two at a time (~35 CPU-seconds): the thread check below is the guard, it fails on
+# every run without the fix; the repetitions only add chances to see the rare abort itself, which 24
+# jobs without the fix did not show once (docs/reliability.md). 8 jobs before: each job is two fresh
+# processes importing torch, the test's whole cost
+RUNS, WORLD = 4, 2
 
 
 def run_job(impl: str) -> list[tuple[int, str, str]]:
