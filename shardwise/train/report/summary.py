@@ -187,12 +187,17 @@ def write_report(out, metrics: dict, tr) -> None:
         _print_summary(metrics, folder)
 
 
-def _plot_loss(path: Path, m: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def _figure(**kw):
+    # a bare Figure draws and saves with the Agg renderer by itself: no pyplot, so the process's
+    # backend (a user's notebook or GUI session) is never switched by writing a report
+    from matplotlib.figure import Figure
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    return Figure(**kw)
+
+
+def _plot_loss(path: Path, m: dict) -> None:
+    fig = _figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     ax.plot(m["loss"]["step"], m["loss"]["value"], lw=0.8, color="tab:blue", label="train loss")
     ax.set_xlabel("step")
     ax.set_ylabel("loss (BCE)")
@@ -213,17 +218,13 @@ def _plot_loss(path: Path, m: dict) -> None:
                  f"(eval AUC {_fmt(m['auc']['eval'], '.3f')})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _plot_load(path: Path, m: dict) -> None:
     """One panel per segment (its own ranks), its windows side by side: before / after a reshard."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     segs = [s for s in m["segments"] if any(w["segment"] == s["index"] for w in m["load_windows"])] or m["segments"][-1:]
-    fig, axes = plt.subplots(1, len(segs), figsize=(6.5 * len(segs), 4), squeeze=False)
+    fig = _figure(figsize=(6.5 * len(segs), 4))
+    axes = fig.subplots(1, len(segs), squeeze=False)
     top = max([max(w["per_rank"]) for w in m["load_windows"]] + [1.0]) * 1.3   # room for the legend
     for ax, seg in zip(axes[0], segs):
         windows = [w for w in m["load_windows"] if w["segment"] == seg["index"]]
@@ -242,7 +243,6 @@ def _plot_load(path: Path, m: dict) -> None:
     fig.suptitle("measured per-rank embedding lookup load")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _fmt(v, spec: str) -> str:
