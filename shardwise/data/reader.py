@@ -76,6 +76,7 @@ class ClickLogReader:
         self.prefetch = bool(prefetch)
         self._check_enough_stripes()
         self.bad_lines = 0
+        self._chunks_counted = 0               # chunks of a pass whose bad lines are in bad_lines
         self.num_rows: Optional[int] = None    # this rank's rows, known after the first full pass
         self._it: Optional[_Prefetch] = None
         self._cur: Optional[Batch] = None
@@ -92,7 +93,7 @@ class ClickLogReader:
 
     def blocks(self, count_bad: bool = True) -> Iterator[tuple[int, Batch]]:
         """One pass over this rank's rows: (index of the source file, Batch) per parsed block."""
-        first_stripe = 0
+        first_stripe, ordinal = 0, 0
         for k, src in enumerate(self.sources):
             chunks = src.chunks(self.block_size, self.rank, self.world, first_stripe)
             # reading (and inflating) the next chunk overlaps parsing this one: zlib and file reads
@@ -101,8 +102,12 @@ class ClickLogReader:
             try:
                 for chunk in chunks:
                     parsed = parse_chunk(chunk.data, src.path.name, self.opts, chunk.first_line)
-                    if count_bad:
+                    # by the chunk's place in the pass: a restart before the first pass ends (a
+                    # batch behind the current block) parses these chunks again, counted once
+                    if count_bad and ordinal == self._chunks_counted:
                         self.bad_lines += parsed.bad_lines
+                        self._chunks_counted += 1
+                    ordinal += 1
                     if len(parsed.batch.labels):
                         yield k, parsed.batch
             finally:

@@ -80,6 +80,20 @@ def test_skip_bad_lines_counts_and_keeps_the_rest(tmp_path):
     assert r.bad_lines == len(BAD) and r.num_rows == len(ref) == 600 - len(BAD) - 1
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_restart_inside_the_first_pass_counts_each_bad_line_once(tmp_path, prefetch):
+    # two bad lines in the first blocks; going back to row 0 before the pass ends re-reads them
+    path = write_log(tmp_path / "day.tsv", 600, seed=9, extra={3: BAD["hex"], 150: BAD["label"]})
+    r = ClickLogReader(path, block_size=16384, skip_bad_lines=True, prefetch=prefetch)
+    r.batch(200, 10)
+    assert r.num_rows is None and r.bad_lines == 2
+    r.batch(0, 10)                        # behind the current block: the reader starts over
+    r.batch(300, 10)
+    assert r.num_rows is None and r.bad_lines == 2
+    r.batch(0, 1200)                      # through the end of the pass and round again
+    assert r.num_rows == 598 and r.bad_lines == 2
+
+
 def test_a_file_of_bad_lines_only(tmp_path):
     (tmp_path / "bad.tsv").write_text(BAD["columns"] * 3)
     r = ClickLogReader(tmp_path / "bad.tsv", skip_bad_lines=True)
