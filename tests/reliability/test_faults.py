@@ -19,7 +19,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-STEPS, EVERY = 20, 5
+# enough steps after the first checkpoint that the kill lands mid-run even on a fast machine (20
+# steps took 0.35 s: the kill could come after the last one); the restart segment's first step checks it
+STEPS, EVERY = 40, 5
 ARGS = ["--nproc-per-node", "2", "--quiet", "--rows", "2000", "--batch-size", "64", "--steps", str(STEPS),
         "--checkpoint-every", str(EVERY), "--reshard-at", "0", "--dense-parallel", "ddp", "--max-restarts", "1",
         # one plan for both runs: the planner's choice among more types follows each run's own timing
@@ -98,6 +100,8 @@ def test_killed_worker_restarts_and_matches_an_uninterrupted_run(tmp_path):
     m_f = json.loads((faulty / "metrics.json").read_text())
     m_r = json.loads((ref / "metrics.json").read_text())
     assert m_f["elastic_restarts"] == 1 and m_r["elastic_restarts"] == 0
+    resumed_at = [seg["first_step"] for seg in m_f["segments"] if seg["kind"] == "restart"]
+    assert len(resumed_at) == 1 and EVERY <= resumed_at[0] < STEPS, f"the kill did not land mid-run: {resumed_at}"
     assert m_f["steps"] == m_r["steps"] == STEPS
     final = f"step_{STEPS:08d}"
     got, want = _tensors(faulty / "checkpoints" / final, tmp_path), _tensors(ref / "checkpoints" / final, tmp_path)

@@ -95,11 +95,12 @@ def _update_kernels(rank, world, compile_update):
     from shardwise.train.config import TrainConfig
     from shardwise.train.loop import Trainer
 
-    cfg = TrainConfig(steps=2, batch_size=8, rows=100, dim=4, checkpoint_every=0, reshard_at=0, quiet=True,
-                      compile_update=compile_update, out=tempfile.mkdtemp(prefix="compile-update-"))
-    tr = Trainer(cfg, worker_mesh((world,)))
-    # the kernel is compiled lazily at the first backward: its presence is the wiring, not a compile
-    return [g.store.kernel is not None for g in tr.sparse._groups if g.store.rule is not None]
+    with tempfile.TemporaryDirectory(prefix="compile-update-") as out:
+        cfg = TrainConfig(steps=2, batch_size=8, rows=100, dim=4, checkpoint_every=0, reshard_at=0, quiet=True,
+                          compile_update=compile_update, out=out)
+        tr = Trainer(cfg, worker_mesh((world,)))
+        # the kernel is compiled lazily at the first backward: its presence is the wiring, not a compile
+        return [g.store.kernel is not None for g in tr.sparse._groups if g.store.rule is not None]
 
 
 def test_compile_update_flag_reaches_the_sharded_collection():
