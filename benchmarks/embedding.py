@@ -56,12 +56,13 @@ def _hand_lookup(weight, ids, start):
 
 def _timing(v: int, mode: str) -> dict:
     # a small table's step is one all-reduce of a few ms whose time on loopback gloo varies 2x from
-    # block to block (single rounds' ours/hand scatter 0.75-1.4 on a busy host), so it gets many
-    # rounds; a big table's forward+backward (a full-size dense gradient, hundreds of ms for PyTorch
-    # DTensor) gets few, to keep the default run to minutes
+    # block to block (single rounds' ours/hand scatter 0.75-1.4 on a busy host; with 41 rounds the
+    # median of one line still moved 0.86-1.14 between runs, while the main thread's CPU per call was
+    # the same for both), so it gets many rounds; a big table's forward+backward (a full-size dense
+    # gradient, hundreds of ms for PyTorch DTensor) gets fewer, to keep the default run to minutes
     if mode == "fwd" or v < 100_000:
-        return dict(rounds=41, inner=10)
-    return dict(rounds=9, inner=2)
+        return dict(rounds=81, inner=10)
+    return dict(rounds=21, inner=2)
 
 
 def _paired_ratio(samples: dict, a: str, b: str) -> float:
