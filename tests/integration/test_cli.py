@@ -259,6 +259,15 @@ def _write_log(path, seed: int, n: int) -> None:
         path.write_text(text)
 
 
+def _logs_with_a_bad_line(paths: list, seeds_rows: list) -> list:
+    """``_write_log`` for each (seed, rows), then one malformed line appended to the last (plain) file."""
+    for path, (seed, rows) in zip(paths, seeds_rows):
+        _write_log(path, seed, rows)
+    with open(paths[-1], "a") as f:
+        f.write("1\tnot-a-number" + "\t" * 38 + "\n")
+    return paths
+
+
 @pytest.fixture(scope="module")
 def text_logs_run(tmp_path_factory):
     """One 2-process run on Criteo-format text logs, read by three tests (each launch costs ~10 s of
@@ -266,11 +275,7 @@ def text_logs_run(tmp_path_factory):
     (gzip and plain), missing values, a malformed line skipped, --memory-per-rank, and an earlier run's
     checkpoint left in --out. ``(out, --data, metrics)``."""
     tmp = tmp_path_factory.mktemp("text_logs")
-    logs = [tmp / "day_0.tsv.gz", tmp / "day.tsv"]
-    _write_log(logs[0], 3, 150)
-    _write_log(logs[1], 1, 400)
-    with open(logs[1], "a") as f:
-        f.write("1\tnot-a-number" + "\t" * 38 + "\n")
+    logs = _logs_with_a_bad_line([tmp / "day_0.tsv.gz", tmp / "day.tsv"], [(3, 150), (1, 400)])
     out = tmp / "r"
     old = out / "checkpoints" / "step_00000099"
     old.mkdir(parents=True)
@@ -302,11 +307,7 @@ def test_table_sizes_and_held_out_eval_from_the_user(tmp_path, text_logs_run):
 
 
 def test_prepare_then_train_with_bad_lines_skipped(tmp_path, capsys, text_logs_run):
-    logs = [tmp_path / "day_0.tsv.gz", tmp_path / "day_1.tsv"]
-    _write_log(logs[0], 3, 150)
-    _write_log(logs[1], 4, 150)
-    with open(logs[1], "a") as f:
-        f.write("1\tnot-a-number" + "\t" * 38 + "\n")
+    logs = _logs_with_a_bad_line([tmp_path / "day_0.tsv.gz", tmp_path / "day_1.tsv"], [(3, 150), (4, 150)])
     prepared = tmp_path / "prepared"
     assert main(["data", "prepare", str(logs[0]), str(logs[1]), "--out", str(prepared), "--skip-bad-lines",
                  "--categorify", "--min-count", "2"]) == 0
