@@ -1,8 +1,11 @@
 """Sparse feature containers: jagged bags of ids and keyed pooled outputs (TorchRec's API).
 
 Example:
+    >>> import torch
     >>> from shardwise.sparse import KeyedJaggedTensor
     >>> kjt = KeyedJaggedTensor(["f1"], torch.tensor([3, 1]), None, torch.tensor([2, 0]))
+    >>> kjt["f1"].to_dense()     # sample 0's bag holds ids 3 and 1, sample 1's is empty
+    [tensor([3, 1]), tensor([], dtype=torch.int64)]
 """
 
 from .fx import SparseTracer, symbolic_trace

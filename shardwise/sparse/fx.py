@@ -11,9 +11,16 @@ not have, so ``symbolic_trace`` here keeps the collections as leaf modules (what
 does with its leaf_modules).
 
 Example:
-    >>> from shardwise.sparse import symbolic_trace
+    >>> import torch
+    >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+    >>> from shardwise.sparse import KeyedJaggedTensor, symbolic_trace
+    >>> model = torch.nn.Sequential(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])]))
+    >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
     >>> gm = symbolic_trace(model)             # model's forward takes a KeyedJaggedTensor
-    >>> gm(kjt)                                # same result as model(kjt)   # doctest: +SKIP
+    >>> [n.op for n in gm.graph.nodes]         # the collection is one leaf call
+    ['placeholder', 'call_module', 'output']
+    >>> torch.equal(gm(kjt).values(), model(kjt).values())   # same result as model(kjt)
+    True
 """
 
 from __future__ import annotations
@@ -54,7 +61,10 @@ class SparseTracer(torch.fx.Tracer):
     """A Tracer that keeps embedding collections (and modules named in ``leaf_modules``) as leaves.
 
     Example:
-        >>> graph = SparseTracer(leaf_modules=["MyLookup"]).trace(model)   # doctest: +SKIP
+        >>> inner = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> graph = SparseTracer(leaf_modules=["Sequential"]).trace(torch.nn.Sequential(inner))
+        >>> [n.op for n in graph.nodes]      # inner, a type named in leaf_modules, is one call
+        ['placeholder', 'call_module', 'output']
     """
 
     def __init__(self, leaf_modules: Optional[Sequence[str]] = None):
@@ -73,8 +83,12 @@ def symbolic_trace(root: Union[torch.nn.Module, Callable[..., Any]], concrete_ar
     """``torch.fx.symbolic_trace`` with embedding collections kept as leaf modules.
 
     Example:
-        >>> gm = symbolic_trace(model)                         # doctest: +SKIP
-        >>> torch.equal(gm(kjt).values(), model(kjt).values())  # doctest: +SKIP
+        >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+        >>> from shardwise.sparse import KeyedJaggedTensor
+        >>> model = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])])
+        >>> gm = symbolic_trace(torch.nn.Sequential(model))    # torch.fx.symbolic_trace fails here
+        >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
+        >>> torch.equal(gm(kjt).values(), model(kjt).values())
         True
     """
     tracer = SparseTracer(leaf_modules)

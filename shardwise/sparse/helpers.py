@@ -1,7 +1,8 @@
 """TorchRec's helper API around the sparse types: equality, pytree registration, KJT <-> dict modules.
 
 Example:
-    >>> kjt_is_equal(kjt, KeyedJaggedTensor.from_jt_dict(kjt.to_dict()))   # doctest: +SKIP
+    >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2]), lengths=torch.tensor([2, 0]))
+    >>> kjt_is_equal(kjt, KeyedJaggedTensor.from_jt_dict(kjt.to_dict()))
     True
 """
 

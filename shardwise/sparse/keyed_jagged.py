@@ -144,8 +144,10 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         """Keys of all inputs side by side (same batch size, all weighted or none).
 
         Example:
-            >>> KeyedJaggedTensor.concat([kjt_a, kjt_b]).keys() == kjt_a.keys() + kjt_b.keys()  # doctest: +SKIP
-            True
+            >>> a = KeyedJaggedTensor(["f1"], torch.tensor([1, 2]), lengths=torch.tensor([2, 0]))
+            >>> b = KeyedJaggedTensor(["f2"], torch.tensor([3]), lengths=torch.tensor([0, 1]))
+            >>> KeyedJaggedTensor.concat([a, b]).keys()
+            ['f1', 'f2']
         """
         return concat_kjts(kjt_list)
 
@@ -262,9 +264,10 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         """Split the keys into consecutive groups of the given sizes (they must sum to len(keys)).
 
         Example:
-            >>> a, b = kjt.split([1, 1])   # kjt with keys ['f1', 'f2']
-            >>> a.keys(), b.keys()
-            (['f1'], ['f2'])
+            >>> kjt = KeyedJaggedTensor(["f1", "f2"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 0, 1, 0]))
+            >>> a, b = kjt.split([1, 1])
+            >>> a.keys(), b.values()
+            (['f1'], tensor([3]))
         """
         return kjt_ops.split(self, segments)
 
@@ -272,8 +275,10 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         """Reorder (or select) keys: the result's key j is this tensor's key ``indices[j]``.
 
         Example:
-            >>> kjt.permute([1, 0]).keys()   # kjt with keys ['f1', 'f2']
-            ['f2', 'f1']
+            >>> kjt = KeyedJaggedTensor(["f1", "f2"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 0, 1, 0]))
+            >>> p = kjt.permute([1, 0])
+            >>> p.keys(), p.values()
+            (['f2', 'f1'], tensor([3, 1, 2]))
         """
         return kjt_ops.permute(self, indices)
 

@@ -2,9 +2,12 @@
 
 Names mirror ``torch.distributed.tensor`` so code ports by changing the import.
 
->>> from shardwise.tensor import distribute_tensor, init_device_mesh, Shard   # doctest: +SKIP
->>> mesh = init_device_mesh("cpu", (2,))                                      # doctest: +SKIP
->>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])                 # doctest: +SKIP
+>>> import torch
+>>> from shardwise.tensor import distribute_tensor, init_device_mesh, Shard
+>>> mesh = init_device_mesh("cpu", (1,))             # one rank here; (2,) under torchrun with 2 ranks
+>>> w = distribute_tensor(torch.arange(8.0).view(4, 2), mesh, [Shard(0)])
+>>> w.placements, w.to_local().shape                 # this rank's rows: 4 / mesh size
+((Shard(dim=0),), torch.Size([4, 2]))
 """
 
 import torch

@@ -15,9 +15,16 @@ is the same idea as PyTorch's AccumulateGrad stealing a gradient whose use count
 If the interpreter cannot tell a temporary from a named value (another CPython's reference
 semantics), donation is off and every reduction copies, which is always correct.
 
->>> out = F.embedding(ids, w)      # doctest: +SKIP
+>>> import torch.nn.functional as F
+>>> from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+>>> mesh = init_device_mesh("cpu", (1,))
+>>> w = distribute_tensor(torch.randn(10, 4), mesh, [Shard(0)])
+>>> ids = distribute_tensor(torch.tensor([1, 9, 1]), mesh, [Replicate()])
+>>> out = F.embedding(ids, w)      # a pending sum
 >>> a = out.full_tensor()          # out is named: copied, out stays valid
 >>> b = F.embedding(ids, w).full_tensor()   # a temporary: reduced in place
+>>> torch.equal(a, b), torch.equal(out.full_tensor(), a)
+(True, True)
 """
 
 from __future__ import annotations

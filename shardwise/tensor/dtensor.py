@@ -1,8 +1,9 @@
 """DTensor: a torch.Tensor subclass whose data is laid out over a DeviceMesh.
 
->>> mesh = init_device_mesh("cpu", (2,))                       # doctest: +SKIP
->>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # each rank holds 4 rows
+>>> from shardwise.tensor import Shard, distribute_tensor, init_device_mesh
+>>> w = distribute_tensor(torch.ones(8, 4), init_device_mesh("cpu", (1,)), [Shard(0)])  # on (2,): 4 rows each
 >>> (w * 2).sum().full_tensor()                                  # ordinary torch code runs
+tensor(64.)
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from .redistribute import redistribute_local
 from .spec import DTensorSpec, _global_stride, coord_or_none, mesh_or_current, normalize_placements
 
 __all__ = ["DTensor", "gather_fallback", "fast_path", "propagation_cache"]
-
 
 _MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
@@ -98,9 +98,9 @@ class DTensor(torch.Tensor):
     ``redistribute``, ``full_tensor``, ``placements``, ``device_mesh``. Ordinary torch ops run on it
     with the collectives their sharding needs; autograd and ``torch.optim`` work.
 
-    >>> x = DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)])  # doctest: +SKIP
-    >>> x.shape                                                       # doctest: +SKIP
-    torch.Size([4, 3])
+    >>> x = DTensor.from_local(torch.ones(2, 3), DeviceMesh("cpu", [0]), [Shard(0)])  # a 1-rank mesh
+    >>> x.shape                          # local rows x mesh size: [4, 3] on a mesh of 2 ranks
+    torch.Size([2, 3])
     """
 
     _local_tensor: torch.Tensor
@@ -230,8 +230,8 @@ class DTensor(torch.Tensor):
         A meta piece gives a meta DTensor (shapes only, e.g. a module built on the meta device).
         ``device_mesh=None``: the mesh of the innermost ``with mesh:`` block; ``placements=None``: Replicate.
 
-        >>> DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)]).shape  # doctest: +SKIP
-        torch.Size([4, 3])
+        >>> DTensor.from_local(torch.ones(2, 3), DeviceMesh("cpu", [0]), [Shard(0)]).shape  # 2 rows x 1 rank
+        torch.Size([2, 3])
         """
         if not isinstance(local_tensor, torch.Tensor) or isinstance(local_tensor, DTensor):
             raise TypeError(f"from_local expects a plain torch.Tensor, got {type(local_tensor).__name__}; wrap "
@@ -367,8 +367,8 @@ def fast_path(enabled: bool):
     ``with`` block, in this thread or task only (see fastpath.py, dispatch.py): bypassed, every call goes
     through the per-op dispatcher's full key and plan.
 
-    >>> with fast_path(False):          # doctest: +SKIP
-    ...     y = (x * 2).relu()           # counted by propagation_cache()
+    >>> x = DTensor.from_local(torch.ones(4, 2), DeviceMesh("cpu", [0]), [Shard(0)])
+    >>> with fast_path(False): y = (x * 2).relu()     # counted by propagation_cache()
     """
     return FAST_PATH.set(enabled)
 
@@ -377,8 +377,8 @@ def gather_fallback(enabled: bool = True):
     """Inside a ``with`` block (this thread or task only), run ops that have no sharding rule by gathering
     their inputs to Replicate (slow; warns once per op) instead of raising ``NotImplementedError``.
 
-    >>> with gather_fallback():          # doctest: +SKIP
-    ...     q, r = torch.linalg.qr(x)    # x gathered, qr runs replicated on every rank
+    >>> x = DTensor.from_local(torch.eye(4), DeviceMesh("cpu", [0]), [Shard(0)])
+    >>> with gather_fallback(): q, r = torch.linalg.qr(x)   # x gathered, qr runs replicated on every rank
     """
     return GATHER_FALLBACK.set(enabled)
 

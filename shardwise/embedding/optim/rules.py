@@ -24,7 +24,12 @@ class RowWiseAdagrad(torch.optim.Optimizer):
     which is how its fused sharded version is tested.
 
     Example:
+        >>> import functools
         >>> opt = functools.partial(RowWiseAdagrad, lr=0.1)   # pass to shard(..., optimizer=opt)
+        >>> w = torch.nn.Parameter(torch.ones(3, 2))
+        >>> w.grad = torch.tensor([[1.0, 1.0], [0.0, 0.0], [2.0, 2.0]])
+        >>> opt([w]).step(); w.detach()[:, 0]   # each row moves by lr: g / sqrt(its mean g**2)
+        tensor([0.9000, 1.0000, 0.9000])
     """
 
     def __init__(self, params, lr: float = 0.01, eps: float = 1e-10, initial_accumulator_value: float = 0.0):

@@ -12,7 +12,9 @@ Example:
     >>> cal = Calibration.nominal()
     >>> Calibration.from_json(cal.to_json()) == cal
     True
-    >>> cal = calibrate(torch.device("cpu"))   # doctest: +SKIP  (collective: call on every rank)
+    >>> cal = calibrate(torch.device("cpu"))   # a collective: every rank calls it
+    >>> cal.source
+    'measured on rank 0 (micro-benchmark), broadcast to every rank'
 """
 
 from __future__ import annotations
@@ -169,8 +171,9 @@ def calibrate(device: torch.device, group=None, measure: Optional[Callable[[], d
     micro-benchmark (returns :data:`_TIMED`'s figures); tests use it to give ranks different timings.
 
     Example:
-        >>> cal = calibrate(torch.device("cpu"))            # doctest: +SKIP
-        >>> planner = EmbeddingShardingPlanner(dist.get_world_size(), 2**30, calibration=cal)  # doctest: +SKIP
+        >>> from shardwise.embedding import EmbeddingShardingPlanner
+        >>> cal = calibrate(torch.device("cpu"))
+        >>> planner = EmbeddingShardingPlanner(dist.get_world_size(), 2**30, calibration=cal)
     """
     mine = (measure or (lambda: measure_local(device, group)))()
     world = dist.get_world_size(group)

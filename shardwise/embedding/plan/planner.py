@@ -76,9 +76,16 @@ class EmbeddingShardingPlanner:
     and table-row-wise sums a table's partial rows inside one host before they cross.
 
     Example:
+        >>> from shardwise.embedding import EmbeddingBagConfig
+        >>> tables = [EmbeddingBagConfig(10, 4, "small", feature_names=["f0"]),
+        ...           EmbeddingBagConfig(5000, 8, "big", feature_names=["f1"])]
         >>> planner = EmbeddingShardingPlanner(world_size=2, memory_per_rank_bytes=2**30)
         >>> plan = planner.plan(tables)          # {table name: ParameterSharding}
         >>> print(planner.format_plan(plan, tables))
+        table           sharding        ranks         rows x dim       MiB/shard
+        small           table_wise      1             10x4                  0.00
+        big             table_wise      0             5000x8                0.31
+        ...
     """
 
     def __init__(self, world_size: int, memory_per_rank_bytes, batch_size_per_rank: int = 512,

@@ -5,9 +5,16 @@ A DTensor's chunk is its local shard at its global offset; replicated copies des
 every rank (DCP keeps one). Loading into another layout or world size works because DCP matches the
 saved chunks to the chunks the target DTensor asks for. Pending (Partial) values cannot be saved.
 
->>> import torch.distributed.checkpoint as dcp                              # doctest: +SKIP
->>> dcp.save({"w": w}, checkpoint_id="ckpt")                                 # w: a DTensor
->>> dcp.load({"w": other_layout_w}, checkpoint_id="ckpt")                    # fills it in place
+>>> import tempfile, torch.distributed.checkpoint as dcp
+>>> from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+>>> mesh = init_device_mesh("cpu", (1,))
+>>> w = distribute_tensor(torch.arange(8.0).view(4, 2), mesh, [Shard(0)])
+>>> other = distribute_tensor(torch.zeros(4, 2), mesh, [Replicate()])    # another layout
+>>> with tempfile.TemporaryDirectory() as ckpt:
+...     meta = dcp.save({"w": w}, checkpoint_id=ckpt)
+...     dcp.load({"w": other}, checkpoint_id=ckpt)                        # fills it in place
+>>> torch.equal(other.full_tensor(), w.full_tensor())
+True
 """
 
 from __future__ import annotations
