@@ -31,6 +31,9 @@ memory (``bytes_reused_allocated``: taken-over vs new bytes; a layout change mus
 fresh page's first touch costs about as much as its bytes on the wire), and ``copy_ms`` copies the
 bytes a rank sends once, warm to warm (a swap that lands in the memory it leaves stages every send).
 ``ratio_vs_floor_plus_alloc_paired`` / ``ratio_vs_floor_plus_copy_paired`` divide by floor + each.
+``alloc_over_floor_paired`` is ``alloc_ms`` in floors (``first_alloc_over_first_fresh`` the same for the
+first reshard): a move that must write that new memory takes about 1 + it times the floor at the least
+(less only by the floor's own writes of the received bytes, which land in warm memory).
 
 Memory, over the first reshard (the peak-RSS count restarts after the module is built and the
 unsharded tables are freed, ``peak_rss_reset``; the floors' buffers come later):
@@ -219,6 +222,7 @@ def run_ours(rank, world, args, move):
             "touch_ms": ms(touch), "first_touch_ms": first_touch * 1e3, "copy_ms": ms(copies),
             "paired_copy": statistics.median(t / (f + c) for t, f, c in zip(times, floors, copies)),
             "paired_alloc": statistics.median(t / (f + a) for t, f, a in zip(times, floors, touch)),
+            "alloc_over_floor": statistics.median(a / f for f, a in zip(floors, touch)),
             "bytes_reused": split[-2:], "first_split": [stats.bytes_reused, stats.bytes_allocated],
             "first_ms": first * 1e3, "first_floor_ms": floor.first * 1e3, "transient_bytes": stats.transient_bytes,
             "tables_moved": len(stats.tables_moved), "rss": rss}
@@ -350,9 +354,12 @@ def _line(args, move: str, thp: str, shape: dict, torchrec: Optional[float]) -> 
            "bytes_reused_allocated": ours["bytes_reused"], "first_reused_allocated": ours["first_split"],
            "alloc_ms": round(ours["touch_ms"], 1),
            "ratio_vs_floor_plus_alloc_paired": round(ours["paired_alloc"], 3),
+           # the new memory alone, in floors (paired): a move that must write it takes about 1 + this at least
+           "alloc_over_floor_paired": round(ours["alloc_over_floor"], 3),
            # copy: one warm local copy of the bytes sent (a swap in place stages every send)
            "copy_ms": round(ours["copy_ms"], 1), "ratio_vs_floor_plus_copy_paired": round(ours["paired_copy"], 3),
            "first_alloc_ms": round(ours["first_touch_ms"], 1),
+           "first_alloc_over_first_fresh": round(ours["first_touch_ms"] / ours["first_floor_ms"], 3),
            "first_ratio_vs_fresh_plus_alloc": round(
                ours["first_ms"] / (ours["first_floor_ms"] + ours["first_touch_ms"]), 3),
            # every rank's peak RSS over the whole run next to what it must hold (see run_ours)

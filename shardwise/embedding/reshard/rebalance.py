@@ -1,8 +1,10 @@
 """Rebalancing proposals: ``changes`` for :func:`~shardwise.embedding.reshard` made from measured load.
 
-Example:
+Example (two ranks, both tables table-wise on rank 0: the proposal moves one to rank 1; docs/reshard.md):
     >>> stats = sharded.load_stats()                                   # doctest: +SKIP
     >>> changes = propose_rebalance(stats, max_bytes=256 << 20)        # doctest: +SKIP
+    >>> changes                                                        # doctest: +SKIP
+    {'t0': ParameterSharding(sharding_type=<ShardingType.TABLE_WISE: 'table_wise'>, ranks=(1,), host_index=None)}
     >>> sharded.reshard(changes)                                       # doctest: +SKIP
 """
 
@@ -55,9 +57,13 @@ def propose_rebalance(load_stats: LoadStats, max_bytes: int) -> dict:
     a pure function of it -- greedy, one table at a time, each table moved at most once, ties broken
     by table order -- so every rank proposes the same changes.
 
-    Example:
-        >>> changes = propose_rebalance(sharded.load_stats(), max_bytes=1 << 30)   # doctest: +SKIP
-        >>> reshard(sharded, changes)                                            # doctest: +SKIP
+    Example (one rank: nothing can move; the module's example shows two):
+        >>> import torch
+        >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard, table_wise
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(8, 4, "t0", feature_names=["f0"])])
+        >>> sharded = shard(ebc, {"t0": table_wise(0)})
+        >>> propose_rebalance(sharded.load_stats(), max_bytes=1 << 30)
+        {}
     """
     if not isinstance(load_stats, LoadStats):
         raise TypeError(f"load_stats must be a LoadStats (from sharded.load_stats()), got "
