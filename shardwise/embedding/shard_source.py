@@ -24,7 +24,7 @@ import torch.distributed as dist
 from .collection.init import fill_rows
 from .sharding.comm import all_gather_ints
 
-__all__ = ["shard_source", "check_or_broadcast", "table_weight"]
+__all__ = ["shard_source", "check_or_broadcast", "check_same_everywhere", "table_weight"]
 
 
 def table_weight(ebc, name: str) -> torch.Tensor:
@@ -84,3 +84,23 @@ def check_or_broadcast(ebc, topo, src_rank: Optional[int]) -> None:
                          f"differ from rank 0), so the shards would mix different models; build the collection "
                          f"with the same init_seed and weights on every rank, build it on the meta device, or pass "
                          f"shard(..., src_rank=0) to broadcast rank 0's tables first")
+
+
+def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_division=True) -> None:
+    """Ranks given other tables or another plan would build other routing and exchange garbage in the
+    first forward; one all-gather of a digest makes them all raise here instead."""
+    mesh = topo.mesh
+    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank,
+                                                                  gradient_division))
+    text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
+    digest = list(hashlib.sha256(text.encode()).digest()[:16])
+    # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
+    # would otherwise run the check itself on different groups and wait there
+    covers_all = topo.world_size == dist.get_world_size()
+    group, n = (dist.group.WORLD, dist.get_world_size()) if covers_all else (topo.group, topo.world_size)
+    rows = all_gather_ints(digest, n, group, topo.device)
+    differ = [r for r in range(n) if rows[r] != rows[0]]
+    if differ:
+        raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
+                         f"rank 0; every rank must call shard() with the same table configs, plan, mesh, init_seed, "
+                         f"src_rank and device (meta or not)")

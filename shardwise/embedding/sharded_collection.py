@@ -2,29 +2,25 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..sparse import KeyedJaggedTensor, KeyedTensor
 from .collection.bag_collection import EmbeddingBagCollection, check_features
 from .collection.variable_batch import split_variable_batch
-from .sharding.comm import all_gather_ints
 from .optim.fused import FusedOptimizer
-from .optim.rules import resolve_optimizer
+from .optim.rules import STATE_DTYPE, resolve_optimizer
 from .plan.values import ParameterSharding, ShardBox, ShardingType
 from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
-from .optim.rules import STATE_DTYPE
 from .sharding.store import ShardStore
 from .sharding.exchange import PendingInput, start_groups
 from .sharding import SHARDERS, Stages
-from .shard_source import check_or_broadcast, shard_source, table_weight
+from .shard_source import check_or_broadcast, check_same_everywhere, shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
 from .batch_checks import batch_problem, raise_everywhere
 from .topology import Topology
@@ -65,9 +61,15 @@ class ShardedEmbeddingBagCollection(nn.Module):
     during backward (there is no separate ``step``).
 
     Example:
-        >>> sharded = shard(ebc, {"t0": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))  # doctest: +SKIP
-        >>> kt = sharded(local_kjt); loss_fn(kt.values()).backward()                                   # doctest: +SKIP
-        >>> sharded.state_dict()["embedding_bags.t0.weight"].full_tensor().shape                        # doctest: +SKIP
+        >>> import functools; from shardwise.embedding import EmbeddingBagConfig, row_wise
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])])
+        >>> sharded = shard(ebc, {"t0": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+        >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))  # this rank's batch
+        >>> kt = sharded(kjt); torch.equal(kt.values(), ebc(kjt).values())   # what the unsharded module gives
+        True
+        >>> kt.values().sum().backward()                                     # SGD updates the shards here
+        >>> sharded.state_dict()["embedding_bags.t0.weight"].full_tensor().shape
+        torch.Size([10, 4])
     """
 
     _prefix = "embedding_bags"   # state-dict keys: <_prefix>.<table>.weight (the unsharded module's names)
@@ -147,8 +149,11 @@ class ShardedEmbeddingBagCollection(nn.Module):
         the input of :func:`~shardwise.embedding.propose_rebalance`.
 
         Example:
-            >>> sharded.load_stats().per_rank()          # doctest: +SKIP
-            [5120.0, 1024.0]
+            >>> from shardwise.embedding import EmbeddingBagConfig, row_wise
+            >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()})
+            >>> kt = sharded(KeyedJaggedTensor(["f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1])))
+            >>> sharded.load_stats().per_rank()          # ids x columns per step, one rank here: 3 x 4
+            [12.0]
         """
         from .reshard.load import load_stats
         return load_stats(self, reset)
@@ -158,7 +163,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         :func:`shardwise.embedding.reshard`.
 
         Example:
-            >>> sharded.reshard({"t0": row_wise()}).bytes_sent   # doctest: +SKIP
+            >>> from shardwise.embedding import EmbeddingBagConfig, row_wise, table_wise
+            >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()})
+            >>> sharded.reshard({"t0": table_wise(0)}).tables_moved
+            ['t0']
         """
         from .reshard.api import reshard
         return reshard(self, changes, **kwargs)
@@ -171,8 +179,9 @@ class ShardedEmbeddingBagCollection(nn.Module):
         sharding class reads its own boxes back).
 
         Example:
-            >>> sharded.sharding_plan()["t0"]                    # doctest: +SKIP
-            ParameterSharding(sharding_type=<ShardingType.ROW_WISE: 'row_wise'>, ranks=(0, 1), host_index=None)
+            >>> from shardwise.embedding import EmbeddingBagConfig, row_wise
+            >>> shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()}).sharding_plan()["t0"]
+            ParameterSharding(sharding_type=<ShardingType.ROW_WISE: 'row_wise'>, ranks=(0,), host_index=None)
         """
         out = {}
         for g in self._groups:
@@ -200,8 +209,14 @@ class ShardedEmbeddingBagCollection(nn.Module):
         rank makes every rank raise in ``forward_from``.
 
         Example (a pipeline: the ids of the next batch travel while this one computes):
-            >>> pending = sharded.start_input_dist(next_kjt)      # doctest: +SKIP
-            >>> loss_fn(sharded.forward_from(current)).backward()  # doctest: +SKIP
+            >>> from shardwise.embedding import EmbeddingBagConfig, row_wise
+            >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()})
+            >>> batches = [KeyedJaggedTensor(["f"], torch.tensor([i]), lengths=torch.tensor([1])) for i in range(3)]
+            >>> pending = sharded.start_input_dist(batches[0])
+            >>> for nxt in batches[1:]:
+            ...     current, pending = pending, sharded.start_input_dist(nxt)
+            ...     sharded.forward_from(current).values().sum().backward()
+            >>> sharded.forward_from(pending).values().sum().backward()   # the last batch
         """
         padded, vbe, problem = kjt, None, None
         if self._takes_variable_batch:
@@ -218,7 +233,10 @@ class ShardedEmbeddingBagCollection(nn.Module):
         :meth:`start_input_dist`), look them up and send the pooled rows back to their samples.
 
         Example:
-            >>> kt = sharded.forward_from(sharded.start_input_dist(kjt))   # same as sharded(kjt)  # doctest: +SKIP
+            >>> from shardwise.embedding import EmbeddingBagConfig, row_wise
+            >>> sharded, kjt = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()}), KeyedJaggedTensor(["f"], torch.tensor([1]), lengths=torch.tensor([1]))
+            >>> torch.equal(sharded.forward_from(sharded.start_input_dist(kjt)).values(), sharded(kjt).values())
+            True
         """
         if pending.module is not self or pending.stale:
             raise ValueError("forward_from: this batch was started on another module or before a reshard changed "
@@ -327,27 +345,6 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return missing, unexpected
 
 
-def _check_same_everywhere(ebc: EmbeddingBagCollection, plan: dict, topo: Topology, src_rank=None,
-                           gradient_division=True) -> None:
-    """Ranks given other tables or another plan would build other routing and exchange garbage in the
-    first forward; one all-gather of a digest makes them all raise here instead."""
-    mesh = topo.mesh
-    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank,
-                                                                  gradient_division))
-    text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
-    digest = list(hashlib.sha256(text.encode()).digest()[:16])
-    # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
-    # would otherwise run the check itself on different groups and wait there
-    covers_all = topo.world_size == dist.get_world_size()
-    group, n = (dist.group.WORLD, dist.get_world_size()) if covers_all else (topo.group, topo.world_size)
-    rows = all_gather_ints(digest, n, group, topo.device)
-    differ = [r for r in range(n) if rows[r] != rows[0]]
-    if differ:
-        raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
-                         f"rank 0; every rank must call shard() with the same table configs, plan, mesh, init_seed, "
-                         f"src_rank and device (meta or not)")
-
-
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
           compile_optimizer: bool = False, src_rank: Optional[int] = None,
           gradient_division: bool = True, load_sample_every: int = 4) -> ShardedEmbeddingBagCollection:
@@ -372,9 +369,12 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     docs/embedding.md), and the first step pays a compile of tens of seconds.
 
     Example:
+        >>> import functools; from shardwise.embedding import EmbeddingBagConfig, row_wise, table_wise
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, t, feature_names=[t + "_f"]) for t in ("t0", "t1")])
         >>> sharded = shard(ebc, {"t0": table_wise(0), "t1": row_wise()},
-        ...                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))   # doctest: +SKIP
-        >>> sharded(local_kjt).values().sum().backward()                          # doctest: +SKIP
+        ...                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+        >>> kjt = KeyedJaggedTensor(["t0_f", "t1_f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
+        >>> sharded(kjt).values().sum().backward()       # kjt: this rank's batch
     """
     from .sharded_sequence import EmbeddingCollection, ShardedEmbeddingCollection   # it subclasses ours
 
@@ -392,7 +392,7 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     if not isinstance(load_sample_every, int) or isinstance(load_sample_every, bool) or load_sample_every < 1:
         raise ValueError(f"shard(): load_sample_every={load_sample_every!r} must be an int >= 1 (count the lookup "
                          f"load on every k-th forward; 1 = every forward)")
-    _check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
+    check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
     check_or_broadcast(ebc, topo, src_rank)
     cls = ShardedEmbeddingCollection if isinstance(ebc, EmbeddingCollection) else ShardedEmbeddingBagCollection
     return cls(ebc, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)
