@@ -1,10 +1,15 @@
 """Embedding-bag and embedding collections, unsharded and sharded over ranks (table/row/column/table-row-wise, DP).
 
 Example:
+    >>> import functools, torch
     >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingBagCollection, shard, row_wise
+    >>> from shardwise.sparse import KeyedJaggedTensor
     >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(1000, 16, "t", feature_names=["f"])])
-    >>> sharded = shard(ebc, {"t": row_wise()},
-    ...                 optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))   # doctest: +SKIP
+    >>> sharded = shard(ebc, {"t": row_wise()},      # over every rank of the default group
+    ...                 optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))
+    >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([7, 999, 7]), lengths=torch.tensor([2, 1]))
+    >>> torch.equal(sharded(kjt).values(), ebc(kjt).values())
+    True
 """
 
 from .collection import (

@@ -8,9 +8,17 @@ The module is checked against the checkpoint's metadata (tables, shapes, optimiz
 before anything is read into it.
 
 Example:
-    >>> save_sharded("ckpt/step100", sharded)                  # world 4, table-wise  # doctest: +SKIP
-    >>> other = shard(ebc, {"t0": row_wise()}, optimizer=opt)  # world 2, row-wise    # doctest: +SKIP
-    >>> load_sharded("ckpt/step100", other)                                          # doctest: +SKIP
+    >>> import functools, tempfile, torch
+    >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard, row_wise, table_wise
+    >>> tables, opt = [EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])], functools.partial(torch.optim.Adagrad, lr=0.1)
+    >>> sharded = shard(EmbeddingBagCollection(tables), {"t0": table_wise(0)}, optimizer=opt)
+    >>> other = shard(EmbeddingBagCollection(tables, init_seed=1), {"t0": row_wise()}, optimizer=opt)  # another plan
+    >>> with tempfile.TemporaryDirectory() as ckpt:
+    ...     save_sharded(ckpt, sharded)
+    ...     load_sharded(ckpt, other)
+    >>> w = lambda m: m.state_dict()["embedding_bags.t0.weight"].full_tensor()
+    >>> torch.equal(w(other), w(sharded))
+    True
 """
 
 from __future__ import annotations
@@ -33,7 +41,9 @@ def save_sharded(path, module) -> None:
     """Collective: save ``module``'s weights and fused-optimizer state (every buffer and the step).
 
     Example:
-        >>> save_sharded("/ckpt/run1", sharded)                # doctest: +SKIP
+        >>> import tempfile; from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard, row_wise
+        >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()})
+        >>> with tempfile.TemporaryDirectory() as path: save_sharded(path, sharded)   # every rank, the same path
     """
     dcp.save(checkpoint_state(module), checkpoint_id=os.fspath(path))
 
@@ -76,7 +86,14 @@ def load_sharded(path, module) -> None:
     module's optimizer, or has another table shape.
 
     Example:
-        >>> load_sharded("/ckpt/run1", resharded_on_two_ranks)   # doctest: +SKIP
+        >>> import tempfile; from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard, row_wise
+        >>> small, wide = (shard(EmbeddingBagCollection([EmbeddingBagConfig(10, d, "t0", feature_names=["f"])]),
+        ...                      {"t0": row_wise()}) for d in (4, 5))
+        >>> with tempfile.TemporaryDirectory() as path:
+        ...     save_sharded(path, small)
+        ...     load_sharded(path, wide)
+        Traceback (most recent call last):
+        ValueError: checkpoint '...' does not fit this module: missing [], shape mismatches ['model.embedding_bags.t0.weight: saved (10, 4), module (10, 5)']; ...
     """
     reader = dcp.FileSystemReader(os.fspath(path))
     state = checkpoint_state(module)

@@ -2,9 +2,20 @@
 keep the rest data-parallel -- TorchRec's entry point, with :func:`shard` as the primitive.
 
 Example:
-    >>> model = DistributedModelParallel(MyDLRM(), optimizer=functools.partial(torch.optim.Adagrad, lr=0.05))  # doctest: +SKIP
-    >>> dense_opt = torch.optim.Adam(model.parameters(), lr=1e-3)     # the dense parameters only    # doctest: +SKIP
-    >>> model(batch).sum().backward(); dense_opt.step()                # embeddings update in backward # doctest: +SKIP
+    >>> import functools, torch
+    >>> from shardwise.embedding import DistributedModelParallel, EmbeddingBagCollection, EmbeddingBagConfig
+    >>> from shardwise.sparse import KeyedJaggedTensor
+    >>> class Tiny(torch.nn.Module):      # a DLRM in miniature: an embedding collection, a dense layer
+    ...     def __init__(self, ebc):
+    ...         super().__init__(); self.ebc, self.top = ebc, torch.nn.Linear(4, 1)
+    ...     def forward(self, kjt): return self.top(self.ebc(kjt).values())
+    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])])
+    >>> model = DistributedModelParallel(Tiny(ebc), optimizer=functools.partial(torch.optim.Adagrad, lr=0.05))
+    >>> model.plan                                                     # the planner's, per collection
+    {'ebc': {'t': ParameterSharding(sharding_type=<ShardingType.TABLE_WISE: 'table_wise'>, ranks=(0,), host_index=None)}}
+    >>> dense_opt = torch.optim.Adam(model.parameters(), lr=1e-3)     # the dense parameters only
+    >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
+    >>> model(kjt).sum().backward(); dense_opt.step()                 # embeddings update in backward
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ caller's unsharded collection then matches that rank's too). Meta-built collecti
 their values are a pure function of (``init_seed``, table name, row).
 
 Example:
-    >>> sharded = shard(ebc, plan, src_rank=0)     # doctest: +SKIP
+    >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, row_wise, shard
+    >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])])
+    >>> sharded = shard(ebc, {"t0": row_wise()}, src_rank=0)   # every rank gets rank 0's tables
 """
 
 from __future__ import annotations

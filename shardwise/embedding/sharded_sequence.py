@@ -29,8 +29,14 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     State-dict keys are ``embeddings.<table>.weight``.
 
     Example:
-        >>> sharded = shard(ec, {"items": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))  # doctest: +SKIP
-        >>> out = sharded(local_kjt); out["item_seq"].values().pow(2).sum().backward()                       # doctest: +SKIP
+        >>> import functools, torch; from shardwise.embedding import EmbeddingConfig, row_wise, shard
+        >>> from shardwise.sparse import KeyedJaggedTensor
+        >>> ec = EmbeddingCollection([EmbeddingConfig(10, 4, "items", feature_names=["item_seq"])])
+        >>> sharded = shard(ec, {"items": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+        >>> out = sharded(KeyedJaggedTensor(["item_seq"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1])))
+        >>> out["item_seq"].values().shape                 # one row per id
+        torch.Size([3, 4])
+        >>> out["item_seq"].values().pow(2).sum().backward()
     """
 
     _prefix = "embeddings"

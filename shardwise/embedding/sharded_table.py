@@ -23,8 +23,14 @@ class ShardedTable(torch.Tensor):
     """Global ``size``; this rank holds ``shards`` = [(global offsets, local tensor)].
 
     Example:
-        >>> st = sharded.state_dict()["embedding_bags.t0.weight"]   # doctest: +SKIP
-        >>> st.to_local().shape, st.full_tensor().shape               # doctest: +SKIP
+        >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard, table_row_wise
+        >>> from shardwise.tensor import init_device_mesh
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(100, 8, "t0", feature_names=["f"])])
+        >>> sharded = shard(ebc, {"t0": table_row_wise(0)}, mesh=init_device_mesh("cpu", (1, 1)))  # hosts x ranks
+        >>> st = sharded.state_dict()["embedding_bags.t0.weight"]   # a 2-D mesh: no DTensor layout
+        >>> st
+        ShardedTable(size=(100, 8), local=[(0, 0):(100, 8)])
+        >>> st.to_local().shape, st.full_tensor().shape
         (torch.Size([100, 8]), torch.Size([100, 8]))
     """
 

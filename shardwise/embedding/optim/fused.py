@@ -20,8 +20,13 @@ class FusedOptimizer:
     torch.distributed.checkpoint can save and load them).
 
     Example:
-        >>> sd = sharded.fused_optimizer.state_dict()          # doctest: +SKIP
-        >>> sharded.fused_optimizer.load_state_dict(sd)        # doctest: +SKIP
+        >>> import functools; from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard, row_wise
+        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])])
+        >>> sharded = shard(ebc, {"t0": row_wise()}, optimizer=functools.partial(torch.optim.Adagrad, lr=0.1))
+        >>> sd = sharded.fused_optimizer.state_dict()
+        >>> sorted(sd["state"]["embedding_bags.t0.weight"]), sd["param_groups"][0]["lr"]
+        (['step', 'sum'], 0.1)
+        >>> sharded.fused_optimizer.load_state_dict(sd)
     """
 
     def __init__(self, module, rule, hp):
