@@ -1,9 +1,16 @@
 """Tensor parallelism for ``nn.Module``s on a 1-D DeviceMesh, with torch's names and semantics.
 
->>> from shardwise.parallel import parallelize_module, ColwiseParallel, RowwiseParallel  # doctest: +SKIP
->>> mesh = init_device_mesh("cpu", (3,))                                                  # doctest: +SKIP
->>> parallelize_module(model, mesh, {"emb": RowwiseParallel(), "fc1": ColwiseParallel(),
-...                                  "fc2": RowwiseParallel()})                           # doctest: +SKIP
+>>> import copy, torch
+>>> from shardwise.parallel import parallelize_module, ColwiseParallel, RowwiseParallel
+>>> from shardwise.tensor import init_device_mesh
+>>> model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 8), torch.nn.Linear(8, 4))
+>>> ref = copy.deepcopy(model)
+>>> mesh = init_device_mesh("cpu", (1,))                 # (3,) under torchrun with 3 ranks
+>>> tp = parallelize_module(model, mesh, {"0": RowwiseParallel(), "1": ColwiseParallel(),
+...                                       "2": RowwiseParallel()})
+>>> ids = torch.tensor([[1, 9]])
+>>> torch.allclose(tp(ids), ref(ids))                    # what the plain module computes
+True
 
 ``embedding_index_check(False)`` skips the id range check of sharded lookups (see
 ``shardwise.tensor.ops.embedding``).

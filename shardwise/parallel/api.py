@@ -78,9 +78,13 @@ def parallelize_module(module: nn.Module, device_mesh=None,
     takes the mesh of the enclosing ``with mesh:`` block. ``src_data_rank``: the mesh rank whose
     parameter values every rank gets (None: each rank keeps its own, no communication).
 
-    >>> mesh = init_device_mesh("cpu", (3,))                                     # doctest: +SKIP
-    >>> parallelize_module(model, mesh, {"emb": RowwiseParallel(), "fc1": ColwiseParallel(),
-    ...                                  "fc2": RowwiseParallel()})               # doctest: +SKIP
+    >>> import torch; from shardwise.parallel import ColwiseParallel, RowwiseParallel
+    >>> from shardwise.tensor import init_device_mesh
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    >>> mesh = init_device_mesh("cpu", (1,))               # (3,) under torchrun with 3 ranks
+    >>> model = parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    >>> model[0].weight.placements, model[2].weight.placements, model(torch.ones(2, 4)).shape
+    ((Shard(dim=0),), (Shard(dim=1),), torch.Size([2, 4]))
     """
     if device_mesh is None:
         device_mesh = current_mesh("parallelize_module")

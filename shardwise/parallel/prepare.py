@@ -5,8 +5,16 @@ For each tensor a pair of layouts: the layout a plain tensor is in (it is wrappe
 piece; None: leave it alone) and the layout wanted (a redistribute; None: as is). Plain pieces are
 taken to be even unless ``uneven_shards=True`` (see _layout.py).
 
->>> PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None))  # doctest: +SKIP
->>> PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0))               # doctest: +SKIP
+>>> import torch; from shardwise.tensor import Replicate, Shard, init_device_mesh
+>>> from shardwise.parallel import PrepareModuleInput, PrepareModuleOutput, parallelize_module
+>>> mesh = init_device_mesh("cpu", (1,))
+>>> m = parallelize_module(torch.nn.Identity(), mesh, PrepareModuleInput(input_layouts=(Shard(0),),
+...                                                                       desired_input_layouts=(Replicate(),)))
+>>> m(torch.ones(2)).placements         # the input: this rank's piece of a Shard(0) tensor, gathered
+(Replicate(),)
+>>> style = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0))
+>>> parallelize_module(torch.nn.Identity(), mesh, style)(torch.ones(4, 2)).shape   # this rank's rows
+torch.Size([4, 2])
 """
 
 from __future__ import annotations
@@ -42,7 +50,11 @@ class PrepareModuleInput(ParallelStyle):
     to ``desired_input_layouts``; keyword arguments likewise through the ``*_kwarg_layouts`` dicts.
     ``use_local_output=True`` hands the module local tensors.
 
-    >>> PrepareModuleInput(input_layouts=(Shard(0), None), desired_input_layouts=(Replicate(), None))  # doctest: +SKIP
+    >>> import torch; from shardwise.tensor import Replicate, Shard, init_device_mesh
+    >>> from shardwise.parallel import parallelize_module
+    >>> style = PrepareModuleInput(input_layouts=(Shard(0),), desired_input_layouts=(Replicate(),))
+    >>> parallelize_module(torch.nn.Identity(), init_device_mesh("cpu", (1,)), style)(torch.ones(2)).placements
+    (Replicate(),)
     """
 
     def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts: Optional[dict] = None,
@@ -94,7 +106,11 @@ class PrepareModuleOutput(ParallelStyle):
     ``desired_output_layouts`` entry; None entries are left alone. ``use_local_output=True`` (default)
     returns local tensors.
 
-    >>> PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0))  # doctest: +SKIP
+    >>> import torch; from shardwise.tensor import Replicate, Shard, init_device_mesh
+    >>> from shardwise.parallel import parallelize_module
+    >>> style = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Shard(0), use_local_output=False)
+    >>> parallelize_module(torch.nn.Identity(), init_device_mesh("cpu", (1,)), style)(torch.ones(4, 2)).placements
+    (Shard(dim=0),)
     """
 
     def __init__(self, *, output_layouts, desired_output_layouts, use_local_output: bool = True,
@@ -132,8 +148,12 @@ class PrepareModuleInputOutput(ParallelStyle):
     """``PrepareModuleInput`` and ``PrepareModuleOutput`` on one module (``use_local_input`` is the
     input half's ``use_local_output``).
 
-    >>> PrepareModuleInputOutput(input_layouts=Shard(0), desired_input_layouts=Replicate(),
-    ...                          output_layouts=Replicate(), desired_output_layouts=Shard(0))  # doctest: +SKIP
+    >>> import torch; from shardwise.tensor import Replicate, Shard, init_device_mesh
+    >>> from shardwise.parallel import parallelize_module
+    >>> style = PrepareModuleInputOutput(input_layouts=Shard(0), desired_input_layouts=Replicate(),
+    ...                                  output_layouts=Replicate(), desired_output_layouts=Shard(0))
+    >>> parallelize_module(torch.nn.Identity(), init_device_mesh("cpu", (1,)), style)(torch.ones(4, 2)).shape
+    torch.Size([4, 2])
     """
 
     def __init__(self, *, input_layouts=None, desired_input_layouts=None, input_kwarg_layouts=None,

@@ -6,8 +6,12 @@ out inputs and outputs; the module's own ``forward`` then runs per op on DTensor
 input is taken as this rank's even piece (no communication, as torch's); ``uneven_shards=True``
 accepts uneven ``torch.chunk`` pieces at the cost of one small all-reduce per forward (see _layout.py).
 
->>> plan = {"emb": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}  # doctest: +SKIP
->>> parallelize_module(model, mesh, plan)                                                   # doctest: +SKIP
+>>> from shardwise.parallel import parallelize_module; from shardwise.tensor import init_device_mesh
+>>> model = nn.ModuleDict({"emb": nn.Embedding(10, 4), "up": nn.Linear(4, 8), "down": nn.Linear(8, 4)})
+>>> plan = {"emb": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}
+>>> model = parallelize_module(model, init_device_mesh("cpu", (1,)), plan)
+>>> [str(m.weight.placements[0]) for m in model.values()]    # rows, output features, input features
+['S(0)', 'S(0)', 'S(1)']
 """
 
 from __future__ import annotations
@@ -97,7 +101,11 @@ class ColwiseParallel(_TPStyle):
     (``Shard(1)``). Input: ``Replicate()`` by default; output: ``Shard(-1)`` by default;
     ``use_local_output=True`` returns the local piece. ``uneven_shards=True``: see the module docstring.
 
-    >>> parallelize_module(model, mesh, {"up": ColwiseParallel()})  # doctest: +SKIP
+    >>> from shardwise.parallel import parallelize_module; from shardwise.tensor import init_device_mesh
+    >>> model = parallelize_module(nn.ModuleDict({"up": nn.Linear(4, 8)}), init_device_mesh("cpu", (1,)),
+    ...                            {"up": ColwiseParallel()})
+    >>> model["up"].weight.placements, model["up"](torch.ones(2, 4)).shape   # a plain output piece
+    ((Shard(dim=0),), torch.Size([2, 8]))
     """
 
     def _layouts(self, module):
@@ -115,7 +123,11 @@ class RowwiseParallel(_TPStyle):
     to ``output_layouts``: ``Replicate()`` by default (one all-reduce) or e.g. ``Shard(1)`` (one
     reduce-scatter). Uneven feature and row counts (10 rows on 3 ranks) work.
 
-    >>> parallelize_module(model, mesh, {"emb": RowwiseParallel(output_layouts=Shard(1))})  # doctest: +SKIP
+    >>> from shardwise.parallel import parallelize_module; from shardwise.tensor import init_device_mesh
+    >>> model = parallelize_module(nn.ModuleDict({"emb": nn.Embedding(10, 4)}), init_device_mesh("cpu", (1,)),
+    ...                            {"emb": RowwiseParallel(output_layouts=Shard(1))})
+    >>> model["emb"].weight.placements, model["emb"](torch.tensor([1, 9])).shape   # this rank's columns
+    ((Shard(dim=0),), torch.Size([2, 4]))
     """
 
     def _layouts(self, module):
@@ -135,7 +147,11 @@ class SequenceParallel(ParallelStyle):
     Like torch's, the parameters are replicated from each rank's own values (no broadcast): every
     rank must hold the same values (LayerNorm's ones/zeros, or the same seed).
 
-    >>> parallelize_module(block, mesh, {"norm": SequenceParallel()})  # doctest: +SKIP
+    >>> from shardwise.parallel import parallelize_module; from shardwise.tensor import init_device_mesh
+    >>> block = parallelize_module(nn.ModuleDict({"norm": nn.LayerNorm(4)}), init_device_mesh("cpu", (1,)),
+    ...                            {"norm": SequenceParallel()})
+    >>> block["norm"](torch.ones(2, 3, 4)).placements        # (batch, sequence, hidden): still Shard(1)
+    (Shard(dim=1),)
     """
 
     owns_parameters = True
