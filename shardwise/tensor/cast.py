@@ -3,7 +3,11 @@ PyTorch: the move runs in ``forward_dtype``; in backward the gradient's move run
 ``backward_dtype``, and the gradient reaching the input has the input's dtype again.
 
 Example:
-    >>> y = x.redistribute(mesh, [Replicate()], forward_dtype=torch.bfloat16)    # doctest: +SKIP
+    >>> from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+    >>> mesh = init_device_mesh("cpu", (1,)); x = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
+    >>> y = x.redistribute(mesh, [Replicate()], forward_dtype=torch.bfloat16)   # the gather in bf16
+    >>> y.dtype, y.placements
+    (torch.bfloat16, (Replicate(),))
 """
 
 from __future__ import annotations

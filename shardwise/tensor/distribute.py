@@ -7,10 +7,13 @@ parameters into DTensors and lay out its inputs and outputs).
 plain is then replicated, and ``input_fn(module, inputs, mesh)`` / ``output_fn(module, outputs, mesh)``
 become forward pre- and post-hooks. The tensor-parallel styles in ``shardwise.parallel`` are built on it.
 
->>> def shard_rows(name, mod, mesh):                                             # doctest: +SKIP
+>>> from shardwise.tensor import Shard, distribute_module, distribute_tensor, init_device_mesh
+>>> def shard_rows(name, mod, mesh):
 ...     for n, p in list(mod.named_parameters(recurse=False)):
 ...         mod.register_parameter(n, nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])))
->>> emb = distribute_module(nn.Embedding(16, 8), mesh, shard_rows)               # doctest: +SKIP
+>>> emb = distribute_module(nn.Embedding(16, 8), init_device_mesh("cpu", (1,)), shard_rows)
+>>> emb.weight.placements
+(Shard(dim=0),)
 """
 
 from __future__ import annotations
@@ -47,7 +50,11 @@ def distribute_tensor(
     A meta tensor gives a meta DTensor holding this rank's local shape, with no communication.
     ``device_mesh=None`` takes the mesh of the innermost ``with mesh:`` block (as PyTorch's).
 
-    >>> w = distribute_tensor(torch.randn(8, 4), mesh, [Shard(0)])  # doctest: +SKIP
+    >>> from shardwise.tensor import init_device_mesh
+    >>> mesh = init_device_mesh("cpu", (1,))                       # (2,) on 2 ranks: 4 rows each
+    >>> w = distribute_tensor(torch.arange(8.0).view(8, 1), mesh, [Shard(0)])   # rank 0's values
+    >>> w.to_local().flatten().tolist()
+    [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]
     """
     if isinstance(tensor, DTensor):
         raise TypeError("distribute_tensor got a DTensor; use .redistribute(mesh, placements) instead")
@@ -144,12 +151,15 @@ def distribute_module(
     ``RuntimeError`` like torch's. Meta-device modules work (no collective); ``to_empty`` then
     materializes the local pieces.
 
-    >>> def shard_rows(name, mod, mesh):                                             # doctest: +SKIP
+    >>> from shardwise.tensor import init_device_mesh
+    >>> def shard_rows(name, mod, mesh):
     ...     for n, p in list(mod.named_parameters(recurse=False)):
     ...         mod.register_parameter(n, nn.Parameter(distribute_tensor(p, mesh, [Shard(0)])))
-    >>> emb = distribute_module(nn.Embedding(16, 8), mesh, shard_rows,
+    >>> emb = distribute_module(nn.Embedding(16, 8), init_device_mesh("cpu", (1,)), shard_rows,
     ...                         input_fn=lambda mod, inputs, mesh: DTensor.from_local(inputs[0], mesh, [Replicate()]),
-    ...                         output_fn=lambda mod, out, mesh: out.full_tensor())  # doctest: +SKIP
+    ...                         output_fn=lambda mod, out, mesh: out.full_tensor())
+    >>> emb(torch.tensor([1, 15])).shape          # a plain tensor out: output_fn gathered it
+    torch.Size([2, 8])
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"distribute_module expects an nn.Module, got {type(module).__name__}")

@@ -8,8 +8,14 @@ gives exactly what the two would: the incoming plain gradient, taken to be laid 
 ``grad_placements`` (Replicate by default), moved to the source's gradient layout (its placements,
 with pending sums replicated: the same value on every rank).
 
->>> out = F.embedding(ids, w).full_tensor()   # one Function; the pending sum reduced in place  # doctest: +SKIP
->>> out.backward(grad)                        # w.grad: Shard(0), as from the two-step path     # doctest: +SKIP
+>>> import torch.nn.functional as F; from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+>>> mesh = init_device_mesh("cpu", (1,))
+>>> w = distribute_tensor(torch.randn(10, 4), mesh, [Shard(0)]).requires_grad_()
+>>> ids = distribute_tensor(torch.tensor([1, 9, 1]), mesh, [Replicate()])
+>>> out = F.embedding(ids, w).full_tensor()   # one Function; the pending sum reduced in place
+>>> out.backward(torch.ones(3, 4))
+>>> w.grad.placements, w.grad.full_tensor()[1]   # Shard(0), as from the two-step path; id 1 twice
+((Shard(dim=0),), tensor([2., 2., 2., 2.]))
 """
 
 from __future__ import annotations

@@ -5,8 +5,11 @@ of ``Step``s, one transition on one mesh dimension each. Mesh dimensions that sh
 dimension nest in mesh order, so a step on mesh dim ``i`` is only taken when no inner mesh dimension
 still shards the tensor dimensions it touches; otherwise the inner one is gathered first.
 
->>> for step in plan_redistribute((Shard(0), Partial()), (Replicate(), Shard(0)), (2, 2), 2):  # doctest: +SKIP
+>>> from shardwise.tensor import Partial, Replicate, Shard, plan_redistribute
+>>> for step in plan_redistribute((Shard(0), Partial()), (Replicate(), Shard(0)), (2, 2), 2):  # a 2x2 mesh
 ...     print(step)
+mesh[0] S(0) -> R (all_gather)
+mesh[1] P(sum) -> S(0) (reduce_scatter)
 """
 
 from __future__ import annotations

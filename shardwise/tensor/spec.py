@@ -93,7 +93,10 @@ def normalize_placements(placements, mesh_ndim: int, tensor_ndim: int) -> tuple[
 class DTensorSpec:
     """Immutable global description of a DTensor; equal specs hash equal.
 
-    >>> spec = DTensorSpec(mesh, (Shard(0),), torch.Size([4, 4]), (4, 1), torch.float32)  # doctest: +SKIP
+    >>> from shardwise.tensor import init_device_mesh
+    >>> spec = DTensorSpec(init_device_mesh("cpu", (1,)), (Shard(0),), torch.Size([4, 4]), (4, 1), torch.float32)
+    >>> spec
+    Spec(S(0) | (4, 4) float32)
     """
 
     __slots__ = ("mesh", "placements", "shape", "stride", "dtype", "_hash")

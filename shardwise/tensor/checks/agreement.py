@@ -10,7 +10,9 @@ disagree all raise the same ``ValueError`` naming each rank's request, before an
 Off by default: the check costs a collective round trip per call. Turn it on while debugging, in
 tests, or for a whole run with ``SHARDWISE_CHECK_RANKS=1`` in the environment.
 
->>> with rank_checks(True):                       # doctest: +SKIP
+>>> import torch; from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh, rank_checks
+>>> mesh = init_device_mesh("cpu", (1,)); x = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
+>>> with rank_checks(True):
 ...     y = x.redistribute(mesh, [Replicate()])   # raises on every rank if another asked for S(1)
 """
 

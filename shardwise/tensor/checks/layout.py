@@ -7,7 +7,9 @@ groups: a sub-mesh of an N-D mesh needs no new process group). Only when the dig
 descriptions exchanged, as bytes in tensors (nothing is pickled), so that every rank raises the same
 error naming each rank's value. An argument error that every rank shares is raised as it is.
 
->>> placements, src = check_distribute_call(torch.ones(4, 2), [Shard(0)], mesh, 0)  # doctest: +SKIP
+>>> from shardwise.tensor import Shard, init_device_mesh
+>>> check_distribute_call(torch.ones(4, 2), [Shard(0)], init_device_mesh("cpu", (1,)), 0)  # (placements, source)
+((Shard(dim=0),), (0,))
 """
 
 from __future__ import annotations

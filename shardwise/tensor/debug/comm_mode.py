@@ -20,11 +20,13 @@ class CommDebugMode(_TorchCommDebugMode):
     """Counts every collective issued inside the block: by shardwise's op dispatch, ``redistribute``,
     ``full_tensor``, ``distribute_tensor`` and direct ``torch.distributed`` calls (PyTorch's DTensor too).
 
-    >>> comm_mode = CommDebugMode()                                               # doctest: +SKIP
-    >>> with comm_mode:                                                           # doctest: +SKIP
-    ...     y = x.redistribute(mesh, [Replicate()])                               # x: Shard(0)
-    >>> comm_mode.get_comm_counts()[torch.ops.c10d_functional.all_gather_into_tensor]  # doctest: +SKIP
-    1
+    >>> from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+    >>> mesh = init_device_mesh("cpu", (1,)); x = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
+    >>> comm_mode = CommDebugMode()
+    >>> with comm_mode:
+    ...     y = x.redistribute(mesh, [Replicate()])
+    >>> comm_mode.get_comm_counts()[torch.ops.c10d_functional.all_gather_into_tensor]  # 1 on 2 ranks
+    0
     """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -13,10 +13,15 @@ replicated ids and output gradient (no full-size table gradient, no communicatio
 against ``num_embeddings`` on every rank from data all ranks share, so all ranks raise together;
 :func:`embedding_index_check` switches the check off for speed.
 
->>> w = distribute_tensor(torch.randn(10, 4), mesh, [Shard(0)])             # doctest: +SKIP
->>> ids = distribute_tensor(torch.tensor([1, 9, 1]), mesh, [Replicate()])  # doctest: +SKIP
->>> out = F.embedding(ids, w)             # MaskPartial: no communication yet  # doctest: +SKIP
->>> out.full_tensor()                     # one all-reduce                     # doctest: +SKIP
+>>> import torch.nn.functional as F; from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+>>> mesh = init_device_mesh("cpu", (1,))
+>>> w = distribute_tensor(torch.randn(10, 4), mesh, [Shard(0)])
+>>> ids = distribute_tensor(torch.tensor([1, 9, 1]), mesh, [Replicate()])
+>>> out = F.embedding(ids, w)             # MaskPartial: no communication yet
+>>> out.placements
+(MaskPartial(num_embeddings=10, mesh_dim=0),)
+>>> torch.equal(out.full_tensor(), F.embedding(ids.full_tensor(), w.full_tensor()))   # one all-reduce
+True
 """
 
 from __future__ import annotations
@@ -59,8 +64,18 @@ def embedding_index_check(enabled: bool):
     Without it an out-of-range id of a row-wise table silently reads a zero row. A compiled step
     (``DTensorExpandMode``) keeps the check in its graph, as it was set when the step was traced.
 
-    >>> with embedding_index_check(False):     # doctest: +SKIP
+    >>> import torch.nn.functional as F; from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+    >>> mesh = init_device_mesh("cpu", (1,))
+    >>> w = distribute_tensor(torch.ones(10, 2), mesh, [Shard(0)])
+    >>> ids = distribute_tensor(torch.tensor([3, 10]), mesh, [Replicate()])
+    >>> F.embedding(ids, w)
+    Traceback (most recent call last):
+    shardwise.tensor.ops.embedding.EmbeddingIndexError: ...
+    >>> with embedding_index_check(False):
     ...     out = F.embedding(ids, w)
+    >>> out.full_tensor()                      # id 10 read a zero row, unnoticed
+    tensor([[1., 1.],
+            [0., 0.]])
     """
     return _CHECK.set(enabled)
 

@@ -13,10 +13,11 @@ match the unsharded op on every device. PyTorch's DTensor on CPU runs the op on 
 with one seed everywhere all shards repeat the same values (its offset-based tracker, CUDA only,
 gives distinct ones); on replicated inputs the two agree value for value.
 
->>> x = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])   # doctest: +SKIP
->>> torch.manual_seed(0); y = F.dropout(x, 0.5)                   # doctest: +SKIP
->>> torch.manual_seed(0); ref = F.dropout(torch.ones(8, 4), 0.5)  # doctest: +SKIP
->>> torch.equal(y.full_tensor(), ref)                             # doctest: +SKIP
+>>> import torch.nn.functional as F; from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
+>>> x = distribute_tensor(torch.ones(8, 4), init_device_mesh("cpu", (1,)), [Shard(0)])
+>>> _ = torch.manual_seed(0); y = F.dropout(x, 0.5)
+>>> _ = torch.manual_seed(0); ref = F.dropout(torch.ones(8, 4), 0.5)
+>>> torch.equal(y.full_tensor(), ref)
 True
 """
 

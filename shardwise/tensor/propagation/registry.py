@@ -4,7 +4,11 @@ A rule describes one mesh dimension: ``rule(schema, mesh_size) -> list[Strategy]
 applies it to every mesh dimension and picks the cheapest strategy per dimension. An optional
 ``local`` hook adjusts the local call for the chosen layout (sizes of a view, a custom kernel).
 
->>> @register_rule(aten.relu.default, pointwise=True)          # doctest: +SKIP
+>>> import torch
+>>> import shardwise.tensor   # its ops/ register the rules
+>>> lookup_rule(torch.ops.aten.relu.default).rule.__name__
+'nonlinear_rule'
+>>> @register_rule(aten.relu.default, pointwise=True)   # it would replace that rule   # doctest: +SKIP
 ... def relu_rule(schema, mesh_size):
 ...     return [Strategy((Shard(0),), (Shard(0),)), Strategy((Replicate(),), (Replicate(),))]
 """
