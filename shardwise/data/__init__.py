@@ -1,4 +1,4 @@
-"""Real click logs: Criteo-format files read with pyarrow, and prepared binary columns.
+r"""Real click logs: Criteo-format files read with pyarrow, and prepared binary columns.
 
 - ``ClickLogReader``: ``.tsv``/``.tsv.gz`` files streamed in blocks; each rank parses only its
   stripes of the input (see ``split``); values and errors as ``shardwise.train.data.CriteoTSV``.
@@ -10,8 +10,11 @@
 
 Example:
     >>> from shardwise.data import open_click_logs
-    >>> data = open_click_logs(["day_0.tsv.gz", "day_1.tsv.gz"], rank=0, world=2)   # doctest: +SKIP
-    >>> data.batch(0, 512).labels.shape                                              # doctest: +SKIP
+    >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+    >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+    >>> # 4 lines of label, 13 counts, 26 hashed ids
+    >>> data = open_click_logs([path, path], rank=0, world=2)   # files in order; rank 0 of 2
+    >>> data.batch(0, 512).labels.shape                           # cycles over this rank's rows
     (512,)
 """
 
@@ -33,14 +36,19 @@ __all__ = [
 
 
 def open_click_logs(paths: Union[str, os.PathLike, Sequence], rank: int = 0, world: int = 1, **options):
-    """A reader for a Criteo-format file, several files (read in order), or a prepared folder.
+    r"""A reader for a Criteo-format file, several files (read in order), or a prepared folder.
 
     ``options`` (``block_size``, ``skip_bad_lines``, ``use_threads``, ``prefetch``) apply to text
     files; a prepared folder was checked when it was prepared and ignores them.
 
     Example:
-        >>> open_click_logs("prepared_day0", rank=1, world=2).num_rows          # doctest: +SKIP
-        97500000
+        >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+        >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+        >>> open_click_logs(path).batch(0, 2).ids.shape     # a text file: streamed
+        (2, 26)
+        >>> _ = prepare([path], os.path.join(tmp.name, "prepared"))
+        >>> open_click_logs(os.path.join(tmp.name, "prepared"), rank=1, world=2).num_rows   # rank 1's rows
+        2
     """
     paths = as_path_list(paths)
     if len(paths) == 1 and Path(paths[0]).is_dir():

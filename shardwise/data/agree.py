@@ -1,4 +1,4 @@
-"""Every rank fails together when one rank's reader meets a bad line (no rank left in a collective).
+r"""Every rank fails together when one rank's reader meets a bad line (no rank left in a collective).
 
 A rank's reader raises only on its own rows (a malformed line lies in one rank's stripe), so the
 other ranks would go on into the next step's collectives and wait there until the timeout.
@@ -6,8 +6,12 @@ other ranks would go on into the next step's collectives and wait there until th
 gather the messages and raise the same ValueError, naming the rank(s) and their errors.
 
 Example:
-    >>> data = AgreedReader(open_click_logs(path, rank, world), device=torch.device("cpu"))   # doctest: +SKIP
-    >>> b = data.batch(step * 512, 512)      # on every rank, at the same step              # doctest: +SKIP
+    >>> from shardwise.data import open_click_logs
+    >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+    >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+    >>> rank, world, step = dist.get_rank(), dist.get_world_size(), 0
+    >>> data = AgreedReader(open_click_logs(path, rank, world), device=torch.device("cpu"))
+    >>> b = data.batch(step * 512, 512)      # on every rank, at the same step
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ __all__ = ["AgreedReader"]
 
 
 class AgreedReader:
-    """Wraps a reader (``batch(start, count)``) so a ValueError on any rank is raised on every rank.
+    r"""Wraps a reader (``batch(start, count)``) so a ValueError on any rank is raised on every rank.
 
     ``device`` is where the flag lives for the all-reduce (the job's device: ``cuda:LOCAL_RANK``
     under NCCL, CPU under gloo); ``group`` defaults to the whole world. Every rank must call
@@ -29,7 +33,13 @@ class AgreedReader:
     per call. Other attributes (``bad_lines``, ``num_rows``, ...) are the wrapped reader's.
 
     Example:
-        >>> AgreedReader(reader, torch.device("cuda", local_rank)).batch(0, 512)      # doctest: +SKIP
+        >>> from shardwise.data import open_click_logs
+        >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+        >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+        >>> with open(path, "a") as f: _ = f.write("not a click log line\n")
+        >>> AgreedReader(open_click_logs(path), torch.device("cpu")).batch(0, 8)   # "cuda" under NCCL
+        Traceback (most recent call last):
+        ValueError: reading click logs failed on 1 of 1 rank(s), so every rank stops here: rank 0: day_0.tsv line 5: ...
     """
 
     def __init__(self, reader, device: torch.device, group: Optional[dist.ProcessGroup] = None):

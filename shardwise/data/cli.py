@@ -18,7 +18,10 @@ def add_data_commands(subparsers) -> None:
     """Add ``data`` (with ``prepare``) to the ``shardwise`` subcommands; ``run_data_command`` runs it.
 
     Example:
-        >>> p = argparse.ArgumentParser(); add_data_commands(p.add_subparsers(dest="command"))   # doctest: +SKIP
+        >>> import argparse
+        >>> p = argparse.ArgumentParser(); add_data_commands(p.add_subparsers(dest="command"))
+        >>> p.parse_args(["data", "prepare", "day_0.tsv", "--out", "day0"]).out
+        'day0'
     """
     d = subparsers.add_parser("data", help="prepare click logs for training (binary columns every rank maps)",
                               description="Work with Criteo-format click logs.")

@@ -1,4 +1,4 @@
-"""Prepared click logs: binary columns written once by ``prepare``, memory-mapped by every rank.
+r"""Prepared click logs: binary columns written once by ``prepare``, memory-mapped by every rank.
 
 A prepared folder holds ``dense.bin`` (float32 [n, 13]), ``ids.bin`` (int64 [n, 26], -1 = missing),
 ``labels.bin`` (float32 [n]), all raw little-endian C-order, and ``manifest.json`` (row counts,
@@ -7,9 +7,11 @@ half way has none and is refused. With ``categorify=True`` the ids are rows of p
 tables (``vocab/C<k>.npy`` maps a row back to its raw id) and the manifest lists the table sizes.
 
 Example:
-    >>> manifest = prepare(["day_0.tsv.gz"], "day0", categorify=True, min_count=3)   # doctest: +SKIP
-    >>> data = PreparedClickLogs("day0", rank=0, world=2)                              # doctest: +SKIP
-    >>> data.batch(0, 512).dense.shape                                                 # doctest: +SKIP
+    >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+    >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+    >>> manifest = prepare([path], os.path.join(tmp.name, "day0"), categorify=True, min_count=3)
+    >>> data = PreparedClickLogs(os.path.join(tmp.name, "day0"), rank=0, world=2)
+    >>> data.batch(0, 512).dense.shape
     (512, 13)
 """
 
@@ -37,15 +39,17 @@ _REWRITE_ROWS = 1 << 16
 def prepare(inputs: Sequence, out, *, block_size: int = DEFAULT_BLOCK_SIZE, categorify: bool = False,
             min_count: int = 1, skip_bad_lines: bool = False, use_threads: bool = True,
             log: Optional[Callable[[str], None]] = None) -> dict:
-    """Convert Criteo-format files into a prepared folder ``out``; return its manifest.
+    r"""Convert Criteo-format files into a prepared folder ``out``; return its manifest.
 
     The files are streamed block by block and appended to the column files, so memory stays bounded
     by ``block_size`` (plus, with ``categorify``, the distinct ids of each feature). ``out`` must not
     exist or be an empty folder.
 
     Example:
-        >>> prepare(["day_0.tsv", "day_1.tsv.gz"], "prepared")["rows"]          # doctest: +SKIP
-        390000000
+        >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+        >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+        >>> prepare([path, path], os.path.join(tmp.name, "prepared"))["rows"]
+        8
     """
     if categorify and (not isinstance(min_count, int) or min_count < 1):
         raise ValueError(f"min_count={min_count!r} must be an int >= 1 (ids seen fewer times share one row)")
@@ -149,16 +153,19 @@ def read_manifest(folder) -> dict:
 
 
 class PreparedClickLogs:
-    """A prepared folder, memory-mapped; ``batch(start, count)`` over this rank's rows, cycling.
+    r"""A prepared folder, memory-mapped; ``batch(start, count)`` over this rank's rows, cycling.
 
     Rank ``r`` of ``world`` owns the contiguous rows ``[r*n//world, (r+1)*n//world)`` (with
     ``world=1``, all rows: then global indices work, and each rank's reads touch only the pages it
     asks for). Only the rows asked for are copied out of the map.
 
     Example:
-        >>> data = PreparedClickLogs("day0")                             # doctest: +SKIP
-        >>> data.table_sizes[:3]                                         # doctest: +SKIP
-        [1460, 583, 305]
+        >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+        >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+        >>> _ = prepare([path], os.path.join(tmp.name, "day0"), categorify=True)
+        >>> data = PreparedClickLogs(os.path.join(tmp.name, "day0"))
+        >>> data.table_sizes[:3]             # one distinct id per feature in this file
+        [1, 1, 1]
     """
 
     def __init__(self, folder, rank: int = 0, world: int = 1):

@@ -1,8 +1,10 @@
-"""``ClickLogReader``: Criteo-format text files streamed in blocks, one rank's rows, as ``Batch``es.
+r"""``ClickLogReader``: Criteo-format text files streamed in blocks, one rank's rows, as ``Batch``es.
 
 Example:
-    >>> data = ClickLogReader(["day_0.tsv.gz"], rank=0, world=2)            # doctest: +SKIP
-    >>> data.batch(0, 512).ids.shape                                         # doctest: +SKIP
+    >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+    >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+    >>> data = ClickLogReader([path], rank=0, world=1)     # this rank of the job, the number of ranks
+    >>> data.batch(0, 512).ids.shape
     (512, 26)
 """
 
@@ -44,7 +46,7 @@ def check_rank(rank, world) -> None:
 
 
 class ClickLogReader:
-    """Criteo-format files (``.tsv``/``.tsv.gz``, in order) as this rank's endless stream of examples.
+    r"""Criteo-format files (``.tsv``/``.tsv.gz``, in order) as this rank's endless stream of examples.
 
     The inputs are cut into stripes of ``block_size`` bytes dealt round-robin to the ranks (see
     ``shardwise.data.split``): a plain file is read only where this rank's stripes lie; a ``.gz`` is
@@ -58,9 +60,12 @@ class ClickLogReader:
     first pass over the files; later passes repeat them).
 
     Example:
-        >>> r = ClickLogReader("day_0.tsv", rank=1, world=4, skip_bad_lines=True)   # doctest: +SKIP
-        >>> b = r.batch(0, 1024); r.bad_lines                                        # doctest: +SKIP
-        0
+        >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+        >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+        >>> with open(path, "a") as f: _ = f.write("not a click log line\n")
+        >>> r = ClickLogReader(path, rank=0, world=1, skip_bad_lines=True)
+        >>> b = r.batch(0, 8); r.bad_lines
+        1
     """
 
     def __init__(self, paths: Union[str, os.PathLike, Sequence], rank: int = 0, world: int = 1,

@@ -1,4 +1,4 @@
-"""Which lines of a click-log file a rank parses: stripes of ``block_size`` bytes, dealt round-robin.
+r"""Which lines of a click-log file a rank parses: stripes of ``block_size`` bytes, dealt round-robin.
 
 The (uncompressed) bytes of the inputs, file after file, are cut into stripes of ``block_size``
 bytes; stripe ``s`` (counted across all files) belongs to rank ``s % world``, and a line belongs to
@@ -11,8 +11,11 @@ same split from the file sizes alone, and a rank never parses another rank's lin
   the lines of its stripes. Both give the same rows for the same content.
 
 Example:
-    >>> src = Source.open("day_0.tsv.gz")                                   # doctest: +SKIP
-    >>> sum(len(c.data) for c in src.chunks(8 << 20, rank=0, world=1, first_stripe=0))  # doctest: +SKIP
+    >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+    >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+    >>> src = Source.open(path)
+    >>> sum(len(c.data) for c in src.chunks(8 << 20, rank=0, world=1, first_stripe=0)) == os.path.getsize(path)
+    True
 """
 
 from __future__ import annotations

@@ -66,9 +66,9 @@ def run_examples(package: str, tmp_path: Path, pythonpath: str) -> dict:
     """Run every docstring example under ``package``; the runner's result, or fail with its stderr."""
     (tmp_path / "runner.py").write_text(_RUNNER)
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
-    env.update(PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
-    work = tmp_path / "cwd"     # examples that write files write them here
+    work = tmp_path / "cwd"     # examples that write files (in the folder or in tempfile's) write them here
     work.mkdir()
+    env.update(PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TMPDIR=str(work))
     try:
         proc = subprocess.run([sys.executable, str(tmp_path / "runner.py"), package,
                                str(tmp_path / "result.json")], cwd=work, env=env,
