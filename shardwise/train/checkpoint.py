@@ -6,9 +6,14 @@ writes the marker and renames the folder only after every rank finished writing,
 mid-save leaves a temp folder that :func:`latest` never returns (and the next save removes).
 
 Example:
-    >>> save_checkpoint("ckpt", 40, state, {"cursor": 20480})      # doctest: +SKIP
-    >>> path = latest("ckpt")                                      # doctest: +SKIP
-    >>> meta = load_checkpoint(path, state)                        # doctest: +SKIP
+    >>> import tempfile, torch
+    >>> ckpt, state = tempfile.TemporaryDirectory(), {"w": torch.arange(3.0)}   # state: every rank's part
+    >>> save_checkpoint(ckpt.name, 40, state, {"cursor": 20480}).name
+    'step_00000040'
+    >>> path = latest(ckpt.name)
+    >>> loaded = {"w": torch.zeros(3)}
+    >>> load_checkpoint(path, loaded), loaded["w"]                 # the meta; the state filled in place
+    ({'cursor': 20480}, tensor([0., 1., 2.]))
 """
 
 from __future__ import annotations
@@ -91,8 +96,12 @@ def resume_point(cfg) -> Path:
     """The checkpoint ``--resume`` continues from; ValueError when there is none or it does not fit.
 
     Example:
-        >>> resume_point(TrainConfig(out="report", resume=True))       # doctest: +SKIP
+        >>> from shardwise.train import TrainConfig
+        >>> resume_point(TrainConfig(out="report", resume=True))       # after a run saved step 200  # doctest: +SKIP
         PosixPath('report/checkpoints/step_00000200')
+        >>> resume_point(TrainConfig(out="no-such-run", resume=True))
+        Traceback (most recent call last):
+        ValueError: --resume: no committed checkpoint under 'no-such-run/checkpoints'; run without --resume first ...
     """
     path = latest(cfg.checkpoint_path)
     if path is None:

@@ -74,7 +74,8 @@ class SyntheticClicks:
     SeedSequences, so every rank and every resumed run sees identical examples.
 
     Example:
-        >>> SyntheticClicks(0, default_cardinalities(100)).batch(10, 2).labels.tolist()   # doctest: +SKIP
+        >>> SyntheticClicks(0, default_cardinalities(100)).batch(10, 2).labels.tolist()   # any rank, any run
+        [1.0, 0.0]
     """
 
     def __init__(self, seed: int, cardinalities: Sequence[int], missing_rate: float = 0.01):
@@ -139,7 +140,7 @@ class SyntheticClicks:
 
 
 class CriteoTSV:
-    """A Criteo-format file: ``label <TAB> I1..I13 <TAB> C1..C26`` per line (40 fields).
+    r"""A Criteo-format file: ``label <TAB> I1..I13 <TAB> C1..C26`` per line (40 fields).
 
     Integers may be negative or empty (missing = 0); categorical ids are hex strings or empty
     (missing = an empty bag). The whole file is parsed up front, so a malformed line fails before any
@@ -147,8 +148,10 @@ class CriteoTSV:
     cycles through the file in order. Raw ids are mapped to rows with ``id % num_embeddings``.
 
     Example:
-        >>> data = CriteoTSV("day_0_sample.tsv")                        # doctest: +SKIP
-        >>> data.batch(0, 8).ids.shape                                   # doctest: +SKIP
+        >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
+        >>> with open(path, "w") as f: _ = f.write(("\t".join(["1"] + ["5"] * 13 + ["68fd1e64"] * 26) + "\n") * 4)
+        >>> data = CriteoTSV(path)
+        >>> data.batch(0, 8).ids.shape          # 4 lines, cycled
         (8, 26)
     """
 
@@ -313,7 +316,10 @@ def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple
     """(dense [n, 13] = log1p(ints), KeyedJaggedTensor of C1..C26 (missing = empty bag), labels [n]).
 
     Example:
-        >>> dense, kjt, y = to_model_inputs(batch, cards, torch.device("cpu"))   # doctest: +SKIP
+        >>> cards = default_cardinalities(100); batch = SyntheticClicks(0, cards).batch(0, 4)
+        >>> dense, kjt, y = to_model_inputs(batch, cards, torch.device("cpu"))
+        >>> dense.shape, len(kjt.keys()), y.shape
+        (torch.Size([4, 13]), 26, torch.Size([4]))
     """
     dense = torch.from_numpy(np.log1p(batch.dense)).to(device)
     ids = batch.ids
