@@ -39,8 +39,11 @@ def worker_environment():
     it, around the launch; the library never sets the variable.
 
     Example:
-        >>> with worker_environment():                               # doctest: +SKIP
-        ...     launch(cfg, 2)
+        >>> with worker_environment():            # around launch(cfg, 2): the workers inherit it
+        ...     os.environ["THP_MEM_ALLOC_ENABLE"]
+        '1'
+        >>> "THP_MEM_ALLOC_ENABLE" in os.environ  # unset before, so removed again
+        False
     """
     if THP_ENV in os.environ:
         yield

@@ -8,9 +8,14 @@ never interleaved with the embedding group's collectives) overlaps the embedding
 all-to-all and fused update. Both give the sparse side exactly the same gradient.
 
 Example:
-    >>> runner = make_dense_runner("ddp", arch, lr=1e-3, mesh=mesh)        # doctest: +SKIP
-    >>> loss, logits, grad_pooled = runner.step(dense, pooled, labels)    # doctest: +SKIP
-    >>> loss, logits = runner.train(dense, pooled, labels)   # and the embeddings' backward  # doctest: +SKIP
+    >>> from shardwise.tensor import init_device_mesh; from shardwise.train.model import DenseArch
+    >>> arch = DenseArch(num_sparse=2, dim=4, bottom=(8,), top=(8,))
+    >>> runner = make_dense_runner("ddp", arch, lr=1e-3, mesh=init_device_mesh("cpu", (1,)))
+    >>> dense, pooled, labels = torch.ones(3, 13), torch.ones(3, 8), torch.tensor([1.0, 0.0, 1.0])
+    >>> loss, logits, grad_pooled = runner.step(dense, pooled, labels)
+    >>> logits.shape, grad_pooled.shape               # grad_pooled: what the embeddings' backward takes
+    (torch.Size([3]), torch.Size([3, 8]))
+    >>> loss, logits = runner.train(dense, pooled.requires_grad_(), labels)   # and the embeddings' backward
 """
 
 from __future__ import annotations

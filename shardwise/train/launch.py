@@ -70,8 +70,13 @@ def describe_failure(err, cfg: TrainConfig, max_restarts: int = 0) -> str:
     ``err`` is the launcher's ``ChildFailedError`` (``failures``: global rank -> ProcessFailure).
 
     Example:
-        >>> print(describe_failure(err, cfg))                                  # doctest: +SKIP
-        shardwise train: rank 1 (local rank 1, pid 4242) exited with code 17 ...
+        >>> from types import SimpleNamespace as NS      # the fields of the launcher's record
+        >>> err = NS(failures={1: NS(local_rank=1, pid=4242, exitcode=17, message={})})
+        >>> print(describe_failure(err, TrainConfig(out="no-such-run", checkpoint_every=0)))
+        shardwise train: the job failed:
+          rank 1 (local rank 1, pid 4242) exited with code 17 without a Python error (killed, out of memory, or os._exit)
+          (each rank's own traceback, if it had one, is printed above)
+        No checkpoints were written (--checkpoint-every 0): ...
     """
     from .checkpoint import latest
 

@@ -107,8 +107,20 @@ class TrainPipeline:
     batch); batches are moved to the collection's device.
 
     Example:
-        >>> pipe = TrainPipeline(model, torch.optim.Adam(dense_params))     # doctest: +SKIP
-        >>> loss, out = pipe.progress(it)                                    # doctest: +SKIP
+        >>> import functools; from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, row_wise, shard
+        >>> from shardwise.sparse import KeyedJaggedTensor
+        >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])]),
+        ...                 {"t": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+        >>> top = torch.nn.Linear(4, 1)                  # the dense part
+        >>> def model(batch):                            # (ids, labels) -> (loss, output)
+        ...     out = top(sharded(batch[0]).values()).squeeze(1)
+        ...     return torch.nn.functional.binary_cross_entropy_with_logits(out, batch[1]), out
+        >>> it = iter([(KeyedJaggedTensor(["f"], torch.tensor([i, 9]), lengths=torch.tensor([1, 1])),
+        ...             torch.tensor([1.0, 0.0])) for i in range(3)])
+        >>> pipe = TrainPipeline(model, torch.optim.Adam(top.parameters()), sharded=sharded)   # model: no module
+        >>> loss, out = pipe.progress(it)                # batch 0 trains while batch 1's ids travel
+        >>> out.shape
+        torch.Size([2])
     """
 
     def __init__(self, model=None, optimizer=None, *, sharded: Optional[ShardedEmbeddingBagCollection] = None,

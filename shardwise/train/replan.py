@@ -7,9 +7,15 @@ cannot fit the memory budget is the whole plan made afresh. Every decision is a 
 checkpoint and the world size, so every rank makes the same one.
 
 Example:
-    >>> plan, moves = keep_plan(saved, saved_world=3, world=2, tables=tables, planner=planner)  # doctest: +SKIP
-    >>> moves["t_C4"]                                                                           # doctest: +SKIP
-    {'from': 'table_wise[2]', 'to': 'table_wise[0]', 'why': 'rank 2 is gone (3 -> 2 ranks)'}
+    >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner
+    >>> tables = [EmbeddingBagConfig(5000, 4, f"t{i}", feature_names=[f"f{i}"]) for i in range(3)]
+    >>> saved = {"t0": table_wise(0), "t1": table_wise(1), "t2": table_wise(2)}     # saved on 3 ranks
+    >>> planner = EmbeddingShardingPlanner(2, 2**30)
+    >>> plan, moves = keep_plan(saved, saved_world=3, world=2, tables=tables, planner=planner)
+    >>> describe(plan["t0"]), describe(plan["t1"])                                  # kept in place
+    ('table_wise[0]', 'table_wise[1]')
+    >>> moves["t2"]
+    {'from': 'table_wise[2]', 'to': 'row_wise', 'why': 'rank 2 is gone (3 -> 2 ranks)'}
 """
 
 from __future__ import annotations

@@ -1,10 +1,14 @@
 """The job's live reshard: the module's measured load -> ``propose_rebalance`` -> ``reshard``.
 
 Example:
-    >>> stats = sharded.load_stats(reset=True)                                     # doctest: +SKIP
-    >>> result = live_reshard(sharded, stats, plan, max_bytes_moved=2**30)         # doctest: +SKIP
-    >>> result.status, result.plan == current_plan(sharded)                        # doctest: +SKIP
-    ('applied', True)
+    >>> import torch; from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, current_plan, shard, row_wise
+    >>> from shardwise.sparse import KeyedJaggedTensor
+    >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(100, 4, "t0", feature_names=["f"])]), {"t0": row_wise()})
+    >>> _ = sharded(KeyedJaggedTensor(["f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1])))
+    >>> stats = sharded.load_stats(reset=True)
+    >>> result = live_reshard(sharded, stats, current_plan(sharded), max_bytes_moved=2**30)
+    >>> result.status, result.plan == current_plan(sharded)      # ('applied', True) when ranks are unevenly loaded
+    ('no-change', True)
 """
 
 from __future__ import annotations

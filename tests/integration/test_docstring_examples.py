@@ -15,9 +15,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 180
-# a launcher's variables in pytest's environment must not reach the runner's world-1 group
-_LAUNCHER_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-                  "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
+# a launcher's variables in pytest's environment must not reach the runner's world-1 group; the
+# examples of cli.worker_environment show the variable it sets where it was not set before
+_SCRUBBED_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                  "MASTER_PORT", "TORCHELASTIC_RUN_ID", "THP_MEM_ALLOC_ENABLE"}
 
 _RUNNER = r'''
 import doctest, importlib, io, json, os, pkgutil, socket, sys
@@ -65,7 +66,7 @@ with open(sys.argv[2], "w") as fh:
 def run_examples(package: str, tmp_path: Path, pythonpath: str) -> dict:
     """Run every docstring example under ``package``; the runner's result, or fail with its stderr."""
     (tmp_path / "runner.py").write_text(_RUNNER)
-    env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in _SCRUBBED_VARS}
     work = tmp_path / "cwd"     # examples that write files (in the folder or in tempfile's) write them here
     work.mkdir()
     env.update(PYTHONPATH=pythonpath, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo", TMPDIR=str(work))

@@ -7,8 +7,13 @@ story by segments (start, resumes, restarts; see ``story.py``): nothing from two
 layouts is drawn side by side.
 
 Example:
-    >>> print_plan(planner, plan, tables, "sharding plan")     # doctest: +SKIP
-    >>> write_report("shardwise-report", metrics, trainer)      # doctest: +SKIP
+    >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner
+    >>> tables = [EmbeddingBagConfig(5000, 4, "t0", feature_names=["f"])]
+    >>> planner = EmbeddingShardingPlanner(2, 2**30); plan = planner.plan(tables)
+    >>> print_plan(planner, plan, tables, "sharding plan")     # a table: rows x dim, sharding, ranks, bytes, ms
+    sharding plan
+    ...
+    >>> write_report("shardwise-report", metrics, trainer)      # a training run's   # doctest: +SKIP
 """
 
 from __future__ import annotations
