@@ -234,7 +234,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
         Example:
             >>> from shardwise.embedding import EmbeddingBagConfig, row_wise
-            >>> sharded, kjt = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()}), KeyedJaggedTensor(["f"], torch.tensor([1]), lengths=torch.tensor([1]))
+            >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()})
+            >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([1]), lengths=torch.tensor([1]))
             >>> torch.equal(sharded.forward_from(sharded.start_input_dist(kjt)).values(), sharded(kjt).values())
             True
         """
