@@ -1,6 +1,7 @@
 """The DTensor dispatcher's state is per thread, as PyTorch's is (4 gloo ranks where a mesh is needed):
-a thread learning a fast-path call records only its own ops, the propagation cache survives racing
-evictions, and implicit_replication applies to the thread that entered it."""
+a thread learning a fast-path call records only its own ops, a collective counter counts only its own
+thread's collectives, the propagation cache survives racing evictions, and implicit_replication applies
+to the thread that entered it."""
 
 from __future__ import annotations
 
@@ -67,3 +68,28 @@ def test_implicit_replication_is_per_thread():
         t.join(10)
         inside = IMPLICIT_REPLICATION.get()
     assert inside is True and seen == [False] and IMPLICIT_REPLICATION.get() is False
+
+
+def counter_calls(rank, world):
+    from shardwise.tensor import CollectiveCounter, Replicate, Shard, distribute_tensor
+
+    mesh = worker_mesh((world,))
+    d = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
+    in_thread: list = []
+
+    def other():
+        with CollectiveCounter() as mine:
+            d.redistribute(mesh, [Replicate()])
+        in_thread.append(mine.counts)
+
+    with CollectiveCounter() as outer:
+        t = threading.Thread(target=other)   # the only collective while it runs: ranks stay in step
+        t.start()
+        t.join(30)
+        d.redistribute(mesh, [Replicate()])
+    return outer.counts, in_thread
+
+
+def test_a_collective_counter_counts_its_own_threads_collectives_only():
+    for outer, in_thread in run_on_ranks(counter_calls, 4):
+        assert outer == {"all_gather": 1} and in_thread == [{"all_gather": 1}], (outer, in_thread)
