@@ -9,6 +9,7 @@ mesh dimension over the mesh's own groups, so no call ever creates a process gro
 from __future__ import annotations
 
 import contextlib
+import contextvars
 
 import torch
 import torch.distributed as dist
@@ -59,18 +60,21 @@ class CollectiveCounter:
     {}
     """
 
-    _active: list["CollectiveCounter"] = []
+    # the counters of the ``with`` blocks the running code is inside: per thread (a context variable), so a
+    # counter sees the collectives of the code it wraps and not those another thread issues meanwhile
+    _active: contextvars.ContextVar = contextvars.ContextVar("shardwise.collective_counters", default=())
 
     def __init__(self):
         self.counts: dict[str, int] = {}
         self.donated = 0  # reductions that ran in a donated buffer instead of a copy
+        self._tokens: list = []
 
     def __enter__(self):
-        CollectiveCounter._active.append(self)
+        self._tokens.append(CollectiveCounter._active.set(CollectiveCounter._active.get() + (self,)))
         return self
 
     def __exit__(self, *exc):
-        CollectiveCounter._active.remove(self)
+        CollectiveCounter._active.reset(self._tokens.pop())
 
     @property
     def total(self) -> int:
@@ -79,9 +83,10 @@ class CollectiveCounter:
     @staticmethod
     def record(kind: str, donated: bool = False) -> None:
         # under fake tensors (torch.compile tracing) nothing is issued: the compiled graph runs it later
-        if not CollectiveCounter._active or _get_dispatch_mode(_FAKE) is not None:
+        active = CollectiveCounter._active.get()
+        if not active or _get_dispatch_mode(_FAKE) is not None:
             return
-        for c in CollectiveCounter._active:
+        for c in active:
             c.counts[kind] = c.counts.get(kind, 0) + 1
             c.donated += donated
 

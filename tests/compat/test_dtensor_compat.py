@@ -2,7 +2,7 @@
 
 implicit_replication, CommDebugMode, the mesh of a ``with mesh:`` block, ranks outside a mesh,
 Partial("product") and the bitwise reductions, equal / bitwise_or_ / mul.out / new_empty_strided,
-torch.load(weights_only=True), run_check's requires_grad, and the dispatcher's per-thread state.
+torch.load(weights_only=True) and run_check's requires_grad (per-thread state: test_dtensor_threads.py).
 Each result is checked against plain PyTorch on full tensors (or PyTorch's own DTensor).
 """
 
@@ -343,63 +343,3 @@ def test_run_check_compares_requires_grad():
     errs = run_on_ranks(run_check_calls, 4)
     assert len(set(errs)) == 1, errs  # the same error on every rank
     assert "ranks disagree on the requires_grad" in errs[0] and "rank 1 has True" in errs[0]
-
-
-# -- 9. per-thread state of the dispatcher -------------------------------------------------------
-
-def recording_calls(rank, world):
-    from shardwise.tensor import Shard, distribute_tensor, fast_path
-    from shardwise.tensor.dtensor import _DISPATCHER
-
-    mesh = worker_mesh((world,))
-    d = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
-    recorded: list = []
-    token = _DISPATCHER.recording.set(recorded)  # what the fast path does while it learns a call
-    try:
-        def other():
-            with fast_path(False):
-                (d * 3).relu()
-
-        t = threading.Thread(target=other)
-        t.start()
-        t.join(30)
-    finally:
-        _DISPATCHER.recording.reset(token)
-    return len(recorded)
-
-
-def test_a_thread_learning_a_fast_path_call_records_only_its_own_ops():
-    assert run_on_ranks(recording_calls, 4) == [0] * 4
-
-
-def test_plan_cache_eviction_from_many_threads():
-    from shardwise.tensor.dispatch import PropagationCache
-
-    cache, errors = PropagationCache(max_size=8), []
-
-    def fill(k):
-        try:
-            for i in range(3000):
-                cache.put((k, i), i)
-        except Exception as e:  # noqa: BLE001 (any error from a racing eviction fails the test)
-            errors.append(repr(e))
-
-    threads = [threading.Thread(target=fill, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors and len(cache.plans) <= 8
-
-
-def test_implicit_replication_is_per_thread():
-    from shardwise.tensor.dispatch import IMPLICIT_REPLICATION
-    from shardwise.tensor.experimental import implicit_replication
-
-    seen = []
-    with implicit_replication():
-        t = threading.Thread(target=lambda: seen.append(IMPLICIT_REPLICATION.get()))
-        t.start()
-        t.join(10)
-        inside = IMPLICIT_REPLICATION.get()
-    assert inside is True and seen == [False] and IMPLICIT_REPLICATION.get() is False
