@@ -19,6 +19,13 @@ Example (``_fn`` must be module-level in an importable module)::
 
     def test_ranks():
         assert run_on_ranks(_fn, 2) == [0, 10]
+
+and the comparisons (in a test, on a rank, anywhere):
+
+    >>> import torch; from shardwise.testing import assert_close
+    >>> assert_close(torch.tensor([1.0, 2.5]), torch.tensor([1.0, 2.0]), what="forward output")
+    Traceback (most recent call last):
+    AssertionError: forward output: Tensor-likes are not close! ...
 """
 
 from . import simulate

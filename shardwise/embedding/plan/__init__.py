@@ -1,4 +1,11 @@
-"""Plans: how each table is laid out over ranks (values), and a planner that chooses one."""
+"""Plans: how each table is laid out over ranks (values), and a planner that chooses one.
+
+Example:
+    >>> from shardwise.embedding.plan import row_wise, table_wise
+    >>> plan = {"users": row_wise(), "country": table_wise(0)}   # {table name: ParameterSharding}
+    >>> plan["country"]
+    ParameterSharding(sharding_type=<ShardingType.TABLE_WISE: 'table_wise'>, ranks=(0,), host_index=None)
+"""
 
 from .values import (
     ParameterSharding, ShardBox, ShardingType, chunk_sizes, column_wise, data_parallel, row_wise, table_row_wise,

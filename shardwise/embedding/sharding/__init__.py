@@ -1,4 +1,11 @@
-"""One module per sharding type; each supplies a layout and a factory of its three stages."""
+"""One module per sharding type; each supplies a layout and a factory of its three stages.
+
+Example:
+    >>> from shardwise.embedding import ShardingType
+    >>> from shardwise.embedding.sharding import SHARDERS
+    >>> SHARDERS[ShardingType.DATA_PARALLEL].replicated, SHARDERS[ShardingType.ROW_WISE].replicated
+    (True, False)
+"""
 
 from ..plan.values import ShardingType
 from . import column_wise, data_parallel, row_wise, table_row_wise, table_wise

@@ -1,5 +1,11 @@
 """The job's account of a run: the story in segments (``story``), the console (``progress``), and the
-report folder -- metrics.json, plots, plan.md (``summary``)."""
+report folder -- metrics.json, plots, plan.md (``summary``).
+
+Example:
+    >>> from shardwise.train.report import max_over_mean
+    >>> max_over_mean([1.0, 3.0])     # the measured load's imbalance over ranks (1.0 = even)
+    1.5
+"""
 
 from .progress import Progress, console
 from .story import add_reshard, add_window, close_segment, max_over_mean, new_story, open_segment, run_counts
