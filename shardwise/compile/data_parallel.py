@@ -55,6 +55,8 @@ class DataParallel(ParallelMode):
     batch: the same on every rank, never split). ``bucket_cap_bytes``/``gather_bucket_cap_bytes`` size
     collective buckets (0 = one collective per parameter). The step returns this rank's results
     (e.g. the loss of its own batch).
+
+    Example: see the ``shardwise.compile`` package's (a ``DataParallel("fully_shard")`` step).
     """
 
     def __init__(

@@ -47,6 +47,18 @@ class DTensorExpandMode(ParallelMode):
     The gradient redistributions are bucketed like DataParallel's
     (``bucket_cap_bytes``, 0 = one collective per parameter). ``mesh=None`` (default) is every rank of
     the default process group, as for DataParallel; ``DTensorExpandMode(mesh, input_placements)`` still works.
+
+    Example (every rank passes the global batch; ``x`` and ``y`` split along dim 0):
+        >>> import copy; from shardwise.compile import compile; from shardwise.tensor import Shard
+        >>> @compile(parallel_mode=DTensorExpandMode(input_placements=[[Shard(0)], [Shard(0)]]))
+        ... def step(model, optimizer, x, y):
+        ...     loss = ((model(x) - y) ** 2).mean()
+        ...     loss.backward(); optimizer.step(); optimizer.zero_grad()
+        ...     return loss
+        >>> model = torch.nn.Linear(4, 2); ref = copy.deepcopy(model)
+        >>> x, y = torch.randn(8, 4), torch.randn(8, 2)
+        >>> torch.allclose(step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y), ((ref(x) - y) ** 2).mean())
+        True
     """
 
     def __init__(self, *args, input_placements: Optional[Sequence[Sequence]] = None,

@@ -20,6 +20,8 @@ def collective_summary(gm: torch.fx.GraphModule) -> dict[str, tuple[int, int]]:
     """``{kind: (count, bytes sent per rank)}`` for the collectives in ``gm``.
 
     Bytes are the input size of each collective on this rank.
+
+    Example: see the ``shardwise.compile`` package's (``collective_summary(step.graph)``).
     """
     out: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for node in gm.graph.nodes:
@@ -32,7 +34,10 @@ def collective_summary(gm: torch.fx.GraphModule) -> dict[str, tuple[int, int]]:
 
 
 def format_graph(gm: torch.fx.GraphModule) -> str:
-    """The graph's code preceded by one header line per collective kind."""
+    """The graph's code preceded by one header line per collective kind.
+
+    Example: ``print(format_graph(step.graph))`` after a step ran (see the ``shardwise.compile`` package's).
+    """
     lines = ["# collectives:"]
     for kind, (count, nbytes) in collective_summary(gm).items():
         lines.append(f"#   {kind:<15} x{count:<4} {nbytes / 2**20:10.3f} MiB")

@@ -28,7 +28,13 @@ def _same(a: Optional[torch.Tensor], b: Optional[torch.Tensor]) -> bool:
 
 
 def jt_is_equal(jt_1, jt_2) -> bool:
-    """True when both are JaggedTensors with equal values, lengths and weights (either both unweighted)."""
+    """True when both are JaggedTensors with equal values, lengths and weights (either both unweighted).
+
+    Example:
+        >>> jt = JaggedTensor(torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
+        >>> jt_is_equal(jt, JaggedTensor(torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 2])))
+        False
+    """
     if not isinstance(jt_1, JaggedTensor) or not isinstance(jt_2, JaggedTensor):
         return False
     return (_same(jt_1.values(), jt_2.values()) and _same(jt_1.lengths(), jt_2.lengths())
@@ -36,7 +42,13 @@ def jt_is_equal(jt_1, jt_2) -> bool:
 
 
 def kjt_is_equal(kjt_1, kjt_2) -> bool:
-    """True when both are KeyedJaggedTensors with the same keys (in order), batch sizes and tensors."""
+    """True when both are KeyedJaggedTensors with the same keys (in order), batch sizes and tensors.
+
+    Example:
+        >>> kjt = KeyedJaggedTensor(["f1", "f2"], torch.tensor([1, 2]), lengths=torch.tensor([1, 1]))
+        >>> kjt_is_equal(kjt, kjt.permute([1, 0])), kjt_is_equal(kjt, kjt.permute([0, 1]))
+        (False, True)
+    """
     if not isinstance(kjt_1, KeyedJaggedTensor) or not isinstance(kjt_2, KeyedJaggedTensor):
         return False
     return (kjt_1.keys() == kjt_2.keys() and kjt_1.stride() == kjt_2.stride()
@@ -80,14 +92,25 @@ register_pytree_flatten_spec(KeyedTensor, _kt_flatten_spec)
 
 
 class ComputeKJTToJTDict(torch.nn.Module):
-    """``forward(kjt) -> {key: JaggedTensor}`` (``kjt.to_dict()`` as a module, e.g. a leaf in a trace)."""
+    """``forward(kjt) -> {key: JaggedTensor}`` (``kjt.to_dict()`` as a module, e.g. a leaf in a trace).
+
+    Example:
+        >>> kjt = KeyedJaggedTensor(["f1", "f2"], torch.tensor([1, 2]), lengths=torch.tensor([1, 1]))
+        >>> d = ComputeKJTToJTDict()(kjt); list(d), d["f2"].values()
+        (['f1', 'f2'], tensor([2]))
+        >>> kjt_is_equal(ComputeJTDictToKJT()(d), kjt)       # and back
+        True
+    """
 
     def forward(self, keyed_jagged_tensor: KeyedJaggedTensor) -> dict:
         return keyed_jagged_tensor.to_dict()
 
 
 class ComputeJTDictToKJT(torch.nn.Module):
-    """``forward({key: JaggedTensor}) -> KeyedJaggedTensor`` (``from_jt_dict`` as a module)."""
+    """``forward({key: JaggedTensor}) -> KeyedJaggedTensor`` (``from_jt_dict`` as a module).
+
+    Example: see :class:`ComputeKJTToJTDict`'s.
+    """
 
     def forward(self, jt_dict: dict) -> KeyedJaggedTensor:
         return KeyedJaggedTensor.from_jt_dict(jt_dict)

@@ -37,7 +37,12 @@ def _as_index_tensor(name: str, value, device, flatten: bool = False) -> torch.T
 
 
 def lengths_to_offsets(lengths: torch.Tensor) -> torch.Tensor:
-    """Exclusive prefix sum with a leading zero: lengths [2, 0, 3] -> offsets [0, 2, 2, 5]."""
+    """Exclusive prefix sum with a leading zero: lengths [2, 0, 3] -> offsets [0, 2, 2, 5].
+
+    Example:
+        >>> lengths_to_offsets(torch.tensor([2, 0, 3]))
+        tensor([0, 2, 2, 5])
+    """
     offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64, device=lengths.device)
     torch.cumsum(lengths, dim=0, out=offsets[1:])
     return offsets

@@ -20,7 +20,12 @@ REDUCE_OPS = ("sum", "avg", "max", "min", "product", "band", "bor", "bxor")
 
 
 class Placement:
-    """Base of all placements. Subclasses are frozen dataclasses."""
+    """Base of all placements. Subclasses are frozen dataclasses.
+
+    Example:
+        >>> isinstance(Shard(0), Placement), Shard(0).is_shard(dim=0), Replicate().is_replicate()
+        (True, True, True)
+    """
 
     __slots__ = ()
 

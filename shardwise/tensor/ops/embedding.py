@@ -50,7 +50,10 @@ _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
 class EmbeddingIndexError(IndexError, ValueError):
-    """An id outside ``[0, num_embeddings)``; an IndexError like unsharded ``F.embedding``'s."""
+    """An id outside ``[0, num_embeddings)``; an IndexError like unsharded ``F.embedding``'s.
+
+    Example: see :func:`embedding_index_check`'s.
+    """
 
 
 _CHECK = Switch("embedding_index_check", True)
