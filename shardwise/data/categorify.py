@@ -24,7 +24,10 @@ __all__ = ["IdCounter", "FeatureMapping"]
 @dataclass
 class FeatureMapping:
     """One feature's mapping: ``vocab[i]`` is the raw id of row i (most frequent first); ids seen fewer
-    than ``min_count`` times share row ``len(vocab)`` when there are any (``rare_ids`` of them)."""
+    than ``min_count`` times share row ``len(vocab)`` when there are any (``rare_ids`` of them).
+
+    Example: see the module's.
+    """
 
     vocab: np.ndarray          # int64 [K], raw ids in row order
     rare_ids: int              # distinct ids sent to the shared bucket
@@ -46,7 +49,10 @@ class FeatureMapping:
 
 
 class IdCounter:
-    """Counts of every raw id per feature, fed block by block (``add(ids [n, features])``)."""
+    """Counts of every raw id per feature, fed block by block (``add(ids [n, features])``).
+
+    Example: see the module's.
+    """
 
     def __init__(self, num_features: int):
         self.num_features = num_features

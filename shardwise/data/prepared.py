@@ -136,7 +136,13 @@ def _categorify_ids(out: Path, n: int, counter: IdCounter, min_count: int) -> di
 
 
 def read_manifest(folder) -> dict:
-    """The manifest of a prepared folder; ValueError naming the folder and the fix when there is none."""
+    """The manifest of a prepared folder; ValueError naming the folder and the fix when there is none.
+
+    Example (a folder :func:`prepare` wrote returns what it returned):
+        >>> read_manifest("no-such-folder")
+        Traceback (most recent call last):
+        ValueError: 'no-such-folder' is a folder without prepared click logs (no manifest.json); ...
+    """
     folder = Path(folder)
     path = folder / MANIFEST
     if not path.is_file():

@@ -80,6 +80,8 @@ class DistributedModelParallel(nn.Module):
     ``parameters()`` are the dense parameters (the embeddings update themselves in backward);
     ``fused_optimizer`` / ``sharded_modules`` reach the sharded collections; ``plan`` is the plan used.
     Raises ``ValueError`` when the model holds no embedding collection.
+
+    Example: see the module's.
     """
 
     def __init__(self, module: nn.Module, plan: Optional[dict] = None, *, mesh: Any = None, optimizer=None,

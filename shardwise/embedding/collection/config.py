@@ -12,12 +12,24 @@ __all__ = ["BaseEmbeddingConfig", "EmbeddingBagConfig", "EmbeddingConfig", "Pool
 
 
 class PoolingType(str, enum.Enum):
+    """How a bag's rows combine: their sum, or their mean (divided by the bag's id count).
+
+    Example:
+        >>> EmbeddingBagConfig(10, 4, "t", feature_names=["f"], pooling=PoolingType.MEAN).pooling
+        'mean'
+    """
+
     SUM = "sum"
     MEAN = "mean"
 
 
 class DataType(str, enum.Enum):
-    """Weight storage type of a table (TorchRec's names); optimizer state is always fp32."""
+    """Weight storage type of a table (TorchRec's names); optimizer state is always fp32.
+
+    Example:
+        >>> EmbeddingBagConfig(10, 4, "t", feature_names=["f"], data_type=DataType.FP16).data_type.value
+        'FP16'
+    """
 
     FP32 = "FP32"
     FP16 = "FP16"

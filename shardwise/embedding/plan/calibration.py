@@ -44,6 +44,8 @@ class Calibration:
     sends W-1, a ring all-reduce 2(W-1)). ``cross_host_factor``: how much more a byte costs between
     hosts than inside one; one machine cannot measure it, so it stays an assumption: 48, the ratio of
     TorchRec's planner defaults (600 GB/s inside a node, 12.5 GB/s between nodes).
+
+    Example: see the module's.
     """
 
     lookup_s_per_call: float

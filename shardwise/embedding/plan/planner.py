@@ -30,7 +30,14 @@ _STATE = {"sgd": (0, 0), "adagrad": (1, 0), "adam": (2, 0), "rowwiseadagrad": (0
 @dataclass
 class PlanEstimate:
     """Per-rank storage (bytes) and estimated seconds per step of a plan (``cost``: the shards' own
-    work plus ``fixed``, what the plan's sharding type groups cost every rank once)."""
+    work plus ``fixed``, what the plan's sharding type groups cost every rank once).
+
+    Example:
+        >>> from shardwise.embedding import EmbeddingBagConfig, row_wise
+        >>> tables = [EmbeddingBagConfig(5000, 8, "t0", feature_names=["f"])]
+        >>> EmbeddingShardingPlanner(2, 2**30).estimate({"t0": row_wise()}, tables).memory   # weights + Adagrad
+        [160000, 160000]
+    """
 
     memory: list = field(default_factory=list)
     cost: list = field(default_factory=list)

@@ -100,6 +100,8 @@ def load_table_configs(path, default_ids_per_bag: float = 1.0) -> tuple[list, di
     """``(configs, {table name: ids per bag})`` read from ``path`` (JSON, or YAML with PyYAML).
 
     Raises ValueError naming the file, the table, the field, the rule and a fix.
+
+    Example: see the module's.
     """
     from ..collection.config import check_tables
 

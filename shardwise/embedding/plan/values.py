@@ -13,6 +13,13 @@ __all__ = [
 
 
 class ShardingType(str, enum.Enum):
+    """The five layouts (TorchRec's names); a plan's values say which one each table uses.
+
+    Example:
+        >>> ShardingType("row_wise") is ShardingType.ROW_WISE, row_wise().sharding_type.value
+        (True, 'row_wise')
+    """
+
     DATA_PARALLEL = "data_parallel"
     TABLE_WISE = "table_wise"
     ROW_WISE = "row_wise"
@@ -26,6 +33,10 @@ class ParameterSharding:
 
     ``ranks``: the ranks holding shards (table-wise: one; row-wise: all when None; column-wise: one
     rank per column block). ``host_index``: the host whose ranks split the rows (table-row-wise).
+
+    Example:
+        >>> column_wise([0, 1])
+        ParameterSharding(sharding_type=<ShardingType.COLUMN_WISE: 'column_wise'>, ranks=(0, 1), host_index=None)
     """
 
     sharding_type: ShardingType
@@ -36,7 +47,13 @@ class ParameterSharding:
 @dataclass(frozen=True)
 class ShardBox:
     """One shard of one table: the rows [row_offset, row_offset+row_size) x columns
-    [col_offset, col_offset+col_size) held by ``rank``. Routing is rebuilt from these boxes only."""
+    [col_offset, col_offset+col_size) held by ``rank``. Routing is rebuilt from these boxes only.
+
+    Example:
+        >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard
+        >>> shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t0", feature_names=["f"])]), {"t0": row_wise()}).boxes()
+        [ShardBox(table='t0', rank=0, row_offset=0, row_size=10, col_offset=0, col_size=4)]
+    """
 
     table: str
     rank: int
