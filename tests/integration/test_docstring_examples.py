@@ -92,7 +92,7 @@ def test_every_docstring_example_runs(tmp_path):
     assert not result["failed"], (f"{len(result['failed'])} docstrings with failing examples:\n"
                                   + describe(result["failed"]))
     print(f"{result['run']} examples run, {result['skipped']} skipped (+SKIP)")
-    assert result["run"] >= 200, result["run"]   # the examples are found, not silently dropped
+    assert result["run"] >= 500, result["run"]   # the examples are found, not silently dropped (604 today)
 
 
 _CANARY = '''"""A module whose examples: one passes, one fails, one is skipped.
