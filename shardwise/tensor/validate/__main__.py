@@ -4,4 +4,5 @@ import sys
 
 from .command import main
 
-sys.exit(main())
+if __name__ == "__main__":   # importing the module (doctest, pydoc, a module walk) runs nothing
+    sys.exit(main())
