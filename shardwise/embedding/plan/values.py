@@ -138,7 +138,12 @@ def table_row_wise(host_index: int) -> ParameterSharding:
 
 
 def chunk_sizes(total: int, parts: int) -> list[tuple[int, int]]:
-    """(offset, size) of each torch.chunk block: block = ceil(total/parts), trailing parts short or empty."""
+    """(offset, size) of each torch.chunk block: block = ceil(total/parts), trailing parts short or empty.
+
+    Example:
+        >>> chunk_sizes(10, 3), chunk_sizes(2, 3)      # 10 rows on 3 ranks; 2 rows on 3 ranks
+        ([(0, 4), (4, 4), (8, 2)], [(0, 1), (1, 1), (2, 0)])
+    """
     block = -(-total // parts)
     out = []
     for i in range(parts):
