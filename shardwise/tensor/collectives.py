@@ -49,8 +49,9 @@ _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
 class CollectiveCounter:
-    """Counts collectives issued through this module (a test and benchmark aid). Collectives a
-    torch.compile'd graph runs are not seen (nor counted while it is traced on fake tensors).
+    """Counts the collectives that the code in its ``with`` block issues through this module, in this
+    thread (a test and benchmark aid). Collectives a torch.compile'd graph runs are not seen (nor
+    counted while it is traced on fake tensors).
 
     >>> from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
     >>> mesh = init_device_mesh("cpu", (1,)); x = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])
