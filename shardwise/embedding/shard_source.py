@@ -37,7 +37,15 @@ def table_weight(ebc, name: str) -> torch.Tensor:
 
 
 def shard_source(ebc, tables: list) -> Union[dict, Callable]:
-    """``{table: whole weight}`` for a collection with storage, else ``fill(box, out)``."""
+    """``{table: whole weight}`` for a collection with storage, else ``fill(box, out)``. The stores hold
+    one weight dtype: tables of different ``data_type`` are refused (the same on every rank, as the
+    configs are) instead of some being cast."""
+    kinds = sorted({t.data_type.value for t in tables})
+    if len(kinds) > 1:
+        by_kind = {k: [t.name for t in tables if t.data_type.value == k] for k in kinds}
+        raise ValueError(f"shard(): the tables have different data_type {by_kind}; a sharded collection stores its "
+                         f"weights in one dtype. Give every table the same data_type, or shard the tables of each "
+                         f"data_type in a collection of their own")
     if not ebc.is_meta:
         return {t.name: table_weight(ebc, t.name).detach() for t in tables}
     by_name = {t.name: t for t in tables}

@@ -160,9 +160,10 @@ def _max_diff(full: dict, sd: dict) -> float:
 
 def shard_errors(rank, world):
     """Messages of the errors shard() raises for bad plans (raised identically on every rank)."""
+    import dataclasses
     import functools
 
-    from shardwise.embedding import RowWiseAdagrad, column_wise, table_row_wise, table_wise
+    from shardwise.embedding import EmbeddingBagCollection, RowWiseAdagrad, column_wise, table_row_wise, table_wise
 
     ebc = common.make_ebc(seed=0)
     good = common.plans(world)["table_wise"]
@@ -172,23 +173,31 @@ def shard_errors(rank, world):
         "host": {**good, "t_a": table_row_wise(5)},
         "rowwise_cw": {**good, "t_a": column_wise([0, 1])},
         "type": {**good, "t_a": "table_wise"},
+        "dtypes": good,
     }
+    # one fp16 table among fp32 ones: a sharded collection stores one weight dtype
+    mixed = EmbeddingBagCollection([dataclasses.replace(t, data_type="FP16") if t.name == "t_b" else t
+                                    for t in ebc.tables], init_seed=0)
     out = {}
     for name, plan in cases.items():
         opt = functools.partial(RowWiseAdagrad, lr=0.1) if name == "rowwise_cw" else None
         try:
-            shard(ebc, plan, mesh=mesh_for(world, 1), optimizer=opt)
+            shard(mixed if name == "dtypes" else ebc, plan, mesh=mesh_for(world, 1), optimizer=opt)
             out[name] = None
         except (ValueError, TypeError) as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
     return out
 
 
-def planner_plan_runs(rank, world):
-    """(estimated bytes, real bytes of local shards + optimizer state, forward error) on this rank."""
-    from shardwise.embedding import EmbeddingShardingPlanner
+def planner_plan_runs(rank, world, data_type="FP32"):
+    """(estimated bytes, real bytes of local shards + optimizer state, forward error) on this rank;
+    every table's weights in ``data_type`` (the optimizer state stays fp32)."""
+    import dataclasses
 
-    ebc = common.make_ebc(seed=9)
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingShardingPlanner
+
+    tables = [dataclasses.replace(t, data_type=data_type) for t in common.make_ebc().tables]
+    ebc = EmbeddingBagCollection(tables, init_seed=9)
     planner = EmbeddingShardingPlanner(world, 600, batch_size_per_rank=3, ids_per_bag=1.5, optimizer="adagrad",
                                        data_parallel_max_rows=4)
     plan = planner.plan(ebc.tables)
@@ -199,7 +208,7 @@ def planner_plan_runs(rank, world):
         for buf, state in zip(g.store.buffers, g.store.states):
             real += buf.numel() * buf.element_size() + sum(s.numel() * s.element_size() for s in state.values())
     kjt = common.rank_batches(world, 0, False)[rank]
-    err = (sharded(kjt).values() - ebc(kjt).values()).abs().max().item()
+    err = (sharded(kjt).values().float() - ebc(kjt).values().float()).abs().max().item()
     return est.memory[rank], real, err
 
 

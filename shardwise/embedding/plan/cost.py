@@ -13,7 +13,7 @@ tiny table goes data-parallel only where that beats adding its ids to a group th
 Example:
     >>> from shardwise.embedding.plan.calibration import Calibration
     >>> from shardwise.embedding.plan.values import LayoutTopology
-    >>> model = CostModel(Calibration.nominal(), LayoutTopology.flat(2), 256, lambda t: 1.0, 4)
+    >>> model = CostModel(Calibration.nominal(), LayoutTopology.flat(2), 256, lambda t: 1.0, lambda t: 4)
 """
 
 from __future__ import annotations
@@ -32,9 +32,10 @@ _A2A_INPUT = 2            # all-to-alls per step of a group's input: lengths, id
 
 
 class CostModel:
-    """Seconds per step. ``ids_per_bag(table)``: ids per bag of each of its features."""
+    """Seconds per step. ``ids_per_bag(table)``: ids per bag of each of its features; ``elem_bytes(table)``:
+    bytes of one of its weight elements (what its lookups read and its pooled outputs carry)."""
 
-    def __init__(self, cal, topo: LayoutTopology, batch: int, ids_per_bag, elem_bytes: int):
+    def __init__(self, cal, topo: LayoutTopology, batch: int, ids_per_bag, elem_bytes):
         self.cal, self.topo, self.batch, self.ids_per_bag, self.elem = cal, topo, batch, ids_per_bag, elem_bytes
         w = topo.world_size
         per_host = len(topo.hosts[0])
@@ -45,7 +46,7 @@ class CostModel:
 
     def shard(self, t, sharding_type: ShardingType, box: ShardBox) -> float:
         """Variable seconds of one shard on its rank."""
-        c, w, elem = self.cal, self.topo.world_size, self.elem
+        c, w, elem = self.cal, self.topo.world_size, self.elem(t)
         feats = len(t.feature_names)
         per_id = c.lookup_s_per_id + c.lookup_s_per_byte * box.col_size * elem
         if sharding_type == ShardingType.DATA_PARALLEL:

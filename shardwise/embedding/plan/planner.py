@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from ..collection.config import EmbeddingBagConfig, EmbeddingConfig, check_tables
+from ..optim.rules import STATE_DTYPE
 from .calibration import Calibration
 from .cost import CostModel, FixedCosts
 from .values import (
@@ -78,7 +79,8 @@ class EmbeddingShardingPlanner:
     costs, :func:`~shardwise.embedding.plan.calibration.calibrate`; default
     ``Calibration.nominal()``): lookup per call, id and byte; all-to-all and all-reduce per byte and
     per message; ids spread uniformly over rows, ``ids_per_bag`` per feature (a number, or
-    ``{table name: number}``). Storage = weights + optimizer state. ``ranks_per_host`` groups ranks
+    ``{table name: number}``). Storage = weights in each table's ``data_type`` (or
+    ``bytes_per_element`` bytes each, if given) + optimizer state in fp32. ``ranks_per_host`` groups ranks
     into hosts (default: one host): bytes between hosts cost ``calibration.cross_host_factor`` more,
     and table-row-wise sums a table's partial rows inside one host before they cross.
 
@@ -96,7 +98,7 @@ class EmbeddingShardingPlanner:
     """
 
     def __init__(self, world_size: int, memory_per_rank_bytes, batch_size_per_rank: int = 512,
-                 ids_per_bag=20.0, optimizer: str = "adagrad", bytes_per_element: int = 4,
+                 ids_per_bag=20.0, optimizer: str = "adagrad", bytes_per_element: Optional[int] = None,
                  data_parallel_max_rows: int = 1024, sharding_types: Optional[Sequence[ShardingType]] = None,
                  ranks_per_host: Optional[int] = None, min_column_width: int = 32,
                  calibration: Optional[Calibration] = None, memory_flag: str = "memory_per_rank_bytes"):
@@ -125,7 +127,7 @@ class EmbeddingShardingPlanner:
                                                      for h in range(0, world_size, per_host)))
         self.min_column_width = int(min_column_width)
         self.calibration = calibration or Calibration.nominal()
-        self.model = CostModel(self.calibration, self.topo, batch_size_per_rank, self._ids, bytes_per_element)
+        self.model = CostModel(self.calibration, self.topo, batch_size_per_rank, self._ids, self.weight_bytes)
         self.memory_flag = memory_flag       # how the caller's users set the memory (named in errors)
         default = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
                    ShardingType.DATA_PARALLEL) + ((ShardingType.TABLE_ROW_WISE,) if len(self.topo.hosts) > 1 else ())
@@ -135,8 +137,15 @@ class EmbeddingShardingPlanner:
     def _ids(self, t: EmbeddingBagConfig) -> float:
         return self.ids_per_bag.get(t.name, self.ids_per_bag[None])
 
-    def shard_bytes(self, box: ShardBox) -> int:
-        return self.elem_bytes * (box.row_size * box.col_size * (1 + self.state_elem) + box.row_size * self.state_row)
+    def weight_bytes(self, t) -> int:
+        """Bytes of one weight element of table ``t``: its ``data_type`` unless ``bytes_per_element`` was given."""
+        return self.elem_bytes or t.data_type.torch_dtype.itemsize
+
+    def shard_bytes(self, t, box: ShardBox) -> int:
+        """Bytes a shard holds: its weights, and the optimizer state in fp32 whatever the weights' dtype."""
+        elems = box.row_size * box.col_size
+        state = elems * self.state_elem + box.row_size * self.state_row
+        return self.weight_bytes(t) * elems + STATE_DTYPE.itemsize * state
 
     def _boxes(self, t: EmbeddingBagConfig, ps: ParameterSharding) -> list[ShardBox]:
         for r in ps.ranks or ():
@@ -164,7 +173,7 @@ class EmbeddingShardingPlanner:
             for box in boxes:
                 if box.rank >= self.world:
                     raise ValueError(f"table {t.name!r}: rank {box.rank} is outside world_size {self.world}")
-                b, c = self.shard_bytes(box), self.model.shard(t, ps.sharding_type, box)
+                b, c = self.shard_bytes(t, box), self.model.shard(t, ps.sharding_type, box)
                 est.memory[box.rank] += b
                 est.cost[box.rank] += c
                 rows.append((box, b, c))
@@ -246,7 +255,7 @@ class EmbeddingShardingPlanner:
                 mem_after, cost_after = list(memory), list(cost)
                 everyone, per_rank = fixed.delta(ps.sharding_type, boxes)
                 for box in boxes:
-                    mem_after[box.rank] += self.shard_bytes(box)
+                    mem_after[box.rank] += self.shard_bytes(t, box)
                     cost_after[box.rank] += self.model.shard(t, ps.sharding_type, box)
                 over = max(m - cap for m, cap in zip(mem_after, self.memory))
                 if over > 0:
