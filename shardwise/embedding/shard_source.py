@@ -40,9 +40,10 @@ def shard_source(ebc, tables: list) -> Union[dict, Callable]:
     """``{table: whole weight}`` for a collection with storage, else ``fill(box, out)``. The stores hold
     one weight dtype: tables of different ``data_type`` are refused (the same on every rank, as the
     configs are) instead of some being cast."""
-    kinds = sorted({t.data_type.value for t in tables})
-    if len(kinds) > 1:
-        by_kind = {k: [t.name for t in tables if t.data_type.value == k] for k in kinds}
+    # the weights' own dtype where they exist (a module cast with .half() keeps its configs' data_type)
+    kind = {t.name: (t.data_type.value if ebc.is_meta else str(table_weight(ebc, t.name).dtype)) for t in tables}
+    if len(set(kind.values())) > 1:
+        by_kind = {k: [n for n in kind if kind[n] == k] for k in sorted(set(kind.values()))}
         raise ValueError(f"shard(): the tables have different data_type {by_kind}; a sharded collection stores its "
                          f"weights in one dtype. Give every table the same data_type, or shard the tables of each "
                          f"data_type in a collection of their own")

@@ -63,7 +63,9 @@ def test_shard_errors_are_clear_and_identical_on_ranks():
     assert "host_index=5 but the mesh has 1 host" in msgs["host"]
     assert "RowWiseAdagrad keeps one accumulator per row" in msgs["rowwise_cw"]
     assert msgs["type"].startswith("TypeError") and "must be a ParameterSharding" in msgs["type"]
-    assert "different data_type {'FP16': ['t_b'], 'FP32': ['t_a', 't_tiny', 't_c']}" in msgs["dtypes"], msgs["dtypes"]
+    assert "different data_type {'torch.float16': ['t_b'], 'torch.float32': ['t_a', 't_tiny', 't_c']}" in msgs["dtypes"], \
+        msgs["dtypes"]
+    assert "different data_type {'torch.float16': ['t_c'], 'torch.float32': ['t_a', 't_b', 't_tiny']}" in msgs["cast"]
 
 
 def test_compiled_optimizer_kernels():

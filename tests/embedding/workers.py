@@ -174,15 +174,18 @@ def shard_errors(rank, world):
         "rowwise_cw": {**good, "t_a": column_wise([0, 1])},
         "type": {**good, "t_a": "table_wise"},
         "dtypes": good,
+        "cast": good,
     }
     # one fp16 table among fp32 ones: a sharded collection stores one weight dtype
     mixed = EmbeddingBagCollection([dataclasses.replace(t, data_type="FP16") if t.name == "t_b" else t
                                     for t in ebc.tables], init_seed=0)
+    cast = common.make_ebc(seed=0)
+    cast.embedding_bags["t_c"].half()       # the configs still say FP32: the weights' dtype decides
     out = {}
     for name, plan in cases.items():
         opt = functools.partial(RowWiseAdagrad, lr=0.1) if name == "rowwise_cw" else None
         try:
-            shard(mixed if name == "dtypes" else ebc, plan, mesh=mesh_for(world, 1), optimizer=opt)
+            shard({"dtypes": mixed, "cast": cast}.get(name, ebc), plan, mesh=mesh_for(world, 1), optimizer=opt)
             out[name] = None
         except (ValueError, TypeError) as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
