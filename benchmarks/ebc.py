@@ -7,7 +7,7 @@ each rank's peak RSS (``peak_rss_mib_per_rank``) next to what that rank must hol
 (``held_mib_per_rank``: its table shards, their optimizer state and its batches).
 
     .venv/bin/python benchmarks/ebc.py                       # 8 tables x 100k x 64, world 2
-    SHARDWISE_TORCHREC_PYTHON=/tmp/torchrec-venv/bin/python .venv/bin/python benchmarks/ebc.py
+    SHARDWISE_TORCHREC_PYTHON=TORCHREC_VENV/bin/python .venv/bin/python benchmarks/ebc.py
     .venv/bin/python benchmarks/ebc.py --thp 1      # both libraries' ranks on huge pages, as the job's workers
 
 TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON; build one

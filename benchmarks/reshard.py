@@ -43,7 +43,7 @@ larger of the two layouts) and ``held_during_reshard_mib_per_rank`` (that plus t
 the rebuilt stores and the message buffers: what the first reshard must hold at its peak).
 
     .venv/bin/python benchmarks/reshard.py                     # 8 tables x 100k x 64 fp32, world 2
-    .venv/bin/python benchmarks/reshard.py --torchrec-python /tmp/torchrec-venv/bin/python
+    .venv/bin/python benchmarks/reshard.py --torchrec-python TORCHREC_VENV/bin/python
 
 This file imports nothing from shardwise at module level: the TorchRec interpreter runs it too.
 """
@@ -164,19 +164,28 @@ def reset_peak_rss() -> bool:
         return False
 
 
+def _sharded(args, move: str) -> tuple:
+    """The tables sharded under ``move``'s plan A (Adagrad), and the changes A -> B and B -> A."""
+    import functools
+
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, shard
+
+    torch.manual_seed(0)
+    cfgs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=args.rows, embedding_dim=args.dim,
+                               feature_names=[f"f{i}"]) for i in range(args.tables)]
+    a, b = (_ours_plan(p) for p in plans(move, args.tables))
+    mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
+    return mod, [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
+
+
 def run_ours(rank, world, args, move):
     import faulthandler
-    import functools
 
     faulthandler.enable()   # a native abort in a rank prints the Python stack it happened under
 
-    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, reshard, shard
+    from shardwise.embedding import reshard
 
-    torch.manual_seed(0)
-    cfgs = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=args.rows, embedding_dim=args.dim, feature_names=[f"f{i}"]) for i in range(args.tables)]
-    a, b = (_ours_plan(p) for p in plans(move, args.tables))
-    mod = shard(EmbeddingBagCollection(cfgs), a, optimizer=functools.partial(torch.optim.Adagrad, lr=0.01))
-    changes = [{k: v for k, v in b.items() if v != a[k]}, {k: a[k] for k, v in b.items() if v != a[k]}]
+    mod, changes = _sharded(args, move)
     gc.collect()                       # the unsharded tables shard() copied from
     base, reset, held_a = rss_bytes(), reset_peak_rss(), store_bytes(mod)   # the peak from here: the reshard
     dist.barrier()

@@ -30,6 +30,7 @@ from .collection.embedding_collection import EmbeddingCollection
 from .plan.planner import EmbeddingShardingPlanner
 from .plan.values import ParameterSharding
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
+from .shard_source import check_one_dtype
 from .topology import Topology
 
 __all__ = ["DistributedModelParallel"]
@@ -93,6 +94,8 @@ class DistributedModelParallel(nn.Module):
                              f"to shard; use DistributedDataParallel for a dense model")
         topo = Topology.from_mesh(mesh)
         self.plan = _per_collection(plan, found, topo, planner)
+        for path, ebc in found.items():     # before any collection of the model is replaced
+            check_one_dtype(ebc, f"DistributedModelParallel, collection {path or '(the model)'!r}")
         for path, ebc in found.items():
             sharded = shard(ebc, self.plan[path], mesh=topo.mesh, optimizer=optimizer, **shard_kwargs)
             if path:

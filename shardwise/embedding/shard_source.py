@@ -26,7 +26,7 @@ import torch.distributed as dist
 from .collection.init import fill_rows
 from .sharding.comm import all_gather_ints
 
-__all__ = ["shard_source", "check_or_broadcast", "check_same_everywhere", "table_weight"]
+__all__ = ["shard_source", "check_or_broadcast", "check_same_everywhere", "check_one_dtype", "table_weight"]
 
 
 def table_weight(ebc, name: str) -> torch.Tensor:
@@ -37,16 +37,7 @@ def table_weight(ebc, name: str) -> torch.Tensor:
 
 
 def shard_source(ebc, tables: list) -> Union[dict, Callable]:
-    """``{table: whole weight}`` for a collection with storage, else ``fill(box, out)``. The stores hold
-    one weight dtype: tables of different ``data_type`` are refused (the same on every rank, as the
-    configs are) instead of some being cast."""
-    # the weights' own dtype where they exist (a module cast with .half() keeps its configs' data_type)
-    kind = {t.name: (t.data_type.value if ebc.is_meta else str(table_weight(ebc, t.name).dtype)) for t in tables}
-    if len(set(kind.values())) > 1:
-        by_kind = {k: [n for n in kind if kind[n] == k] for k in sorted(set(kind.values()))}
-        raise ValueError(f"shard(): the tables have different data_type {by_kind}; a sharded collection stores its "
-                         f"weights in one dtype. Give every table the same data_type, or shard the tables of each "
-                         f"data_type in a collection of their own")
+    """``{table: whole weight}`` for a collection with storage, else ``fill(box, out)``."""
     if not ebc.is_meta:
         return {t.name: table_weight(ebc, t.name).detach() for t in tables}
     by_name = {t.name: t for t in tables}
@@ -91,18 +82,33 @@ def check_or_broadcast(ebc, topo, src_rank: Optional[int]) -> None:
         if ranks:
             differ[n] = ranks
     if differ:
-        raise ValueError(f"shard(): the unsharded tables differ across ranks ({', '.join(f'{n!r} on ranks {r}' for n, r in differ.items())} "
+        which = ", ".join(f"{n!r} on ranks {r}" for n, r in differ.items())
+        raise ValueError(f"shard(): the unsharded tables differ across ranks ({which} "
                          f"differ from rank 0), so the shards would mix different models; build the collection "
                          f"with the same init_seed and weights on every rank, build it on the meta device, or pass "
                          f"shard(..., src_rank=0) to broadcast rank 0's tables first")
 
 
+def check_one_dtype(ebc, where: str = "shard()") -> None:
+    """The stores hold one weight dtype: tables whose weights differ in dtype are refused instead of some
+    being cast. The weights' own dtype (meta ones carry it too; a table cast with ``.half()`` keeps its
+    config's ``data_type``). No collective."""
+    kind = {t.name: str(table_weight(ebc, t.name).dtype) for t in ebc.tables}
+    if len(set(kind.values())) > 1:
+        by_kind = {k: [n for n in kind if kind[n] == k] for k in sorted(set(kind.values()))}
+        raise ValueError(f"{where}: the tables' weights have different dtypes {by_kind}; a sharded collection stores "
+                         f"its weights in one dtype. Give every table the same data_type (or cast them all to one "
+                         f"dtype), or shard the tables of each dtype in a collection of their own")
+
+
 def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_division=True) -> None:
-    """Ranks given other tables or another plan would build other routing and exchange garbage in the
-    first forward; one all-gather of a digest makes them all raise here instead."""
+    """Ranks given other tables, weight dtypes or another plan would build other routing and exchange
+    garbage in the first forward; one all-gather of a digest makes them all raise here instead. Then,
+    alike on every rank and before anything changes, the tables must share one weight dtype."""
     mesh = topo.mesh
-    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank,
-                                                                  gradient_division))
+    dtypes = [str(table_weight(ebc, t.name).dtype) for t in ebc.tables]
+    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(dtypes)
+    text += repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank, gradient_division))
     text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
     digest = list(hashlib.sha256(text.encode()).digest()[:16])
     # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
@@ -113,5 +119,6 @@ def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_divisio
     differ = [r for r in range(n) if rows[r] != rows[0]]
     if differ:
         raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
-                         f"rank 0; every rank must call shard() with the same table configs, plan, mesh, init_seed, "
-                         f"src_rank and device (meta or not)")
+                         f"rank 0 (or tables whose weights differ in dtype); every rank must call shard() with the "
+                         f"same table configs, weight dtypes, plan, mesh, init_seed, src_rank and device (meta or not)")
+    check_one_dtype(ebc)

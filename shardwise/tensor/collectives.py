@@ -45,12 +45,14 @@ def _explained(kind: str, mesh: DeviceMesh, mesh_dim: int):
 
 
 _get_dispatch_mode = torch._C._get_dispatch_mode
+_in_tls, _get_tls = torch._C._is_key_in_tls, torch._C._get_obj_in_tls
 _FAKE = torch._C._TorchDispatchModeKey.FAKE
 
 
 class CollectiveCounter:
     """Counts the collectives that the code in its ``with`` block issues through this module, in this
-    thread (a test and benchmark aid). Collectives a torch.compile'd graph runs are not seen (nor
+    thread and in the backward passes it runs (also on autograd's device threads); not those of other
+    threads (a test and benchmark aid). Collectives a torch.compile'd graph runs are not seen (nor
     counted while it is traced on fake tensors).
 
     >>> from shardwise.tensor import Replicate, Shard, distribute_tensor, init_device_mesh
@@ -85,6 +87,10 @@ class CollectiveCounter:
     def record(kind: str, donated: bool = False) -> None:
         # under fake tensors (torch.compile tracing) nothing is issued: the compiled graph runs it later
         active = CollectiveCounter._active.get()
+        if not active and _in_tls("context"):
+            # an autograd device thread (a CUDA backward) runs in a context of its own: torch stashes the
+            # context of the thread that called backward() in its thread-local state, so count into that one
+            active = (_get_tls("context") or contextvars.Context()).get(CollectiveCounter._active, ())
         if not active or _get_dispatch_mode(_FAKE) is not None:
             return
         for c in active:

@@ -28,6 +28,7 @@ def recording_calls(rank, world):
         t = threading.Thread(target=other)
         t.start()
         t.join(30)
+        assert not t.is_alive(), "the thread's ops did not finish in 30 s"
     finally:
         _DISPATCHER.recording.reset(token)
     return len(recorded)
@@ -86,8 +87,34 @@ def counter_calls(rank, world):
         t = threading.Thread(target=other)   # the only collective while it runs: ranks stay in step
         t.start()
         t.join(30)
+        assert not t.is_alive(), "the thread's redistribute did not finish in 30 s"
         d.redistribute(mesh, [Replicate()])
     return outer.counts, in_thread
+
+
+def test_a_backward_on_an_autograd_device_thread_counts_into_the_callers_counter():
+    # on CUDA the engine runs backward on its own threads, whose Python context is empty; torch stashes the
+    # caller's context in its thread-local state (propagated to them), as this thread does by hand
+    import contextvars
+
+    from shardwise.tensor import CollectiveCounter
+
+    seen = []
+    with CollectiveCounter() as caller:
+        ctx = contextvars.copy_context()
+
+        def device_thread():
+            torch._C._stash_obj_in_tls("context", ctx)
+            try:
+                CollectiveCounter.record("all_reduce")
+            finally:
+                torch._C._remove_obj_from_tls("context")
+            seen.append(True)
+
+        t = threading.Thread(target=device_thread)
+        t.start()
+        t.join(30)
+    assert seen == [True] and caller.counts == {"all_reduce": 1}
 
 
 def test_a_collective_counter_counts_its_own_threads_collectives_only():

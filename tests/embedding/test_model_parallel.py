@@ -92,9 +92,17 @@ def bad_plans(rank, world):
             DistributedModelParallel(TwoTowers(), plan, mesh=mesh_for(world, 1))
         except (ValueError, TypeError) as exc:
             errors.append(str(exc))
-    return errors
+    model = TwoTowers()
+    model.items.embedding_bags["c"].half()      # the second collection mixes weight dtypes
+    try:
+        DistributedModelParallel(model, mesh=mesh_for(world, 1))
+    except ValueError as exc:
+        errors.append(str(exc))
+    return errors, type(model.users).__name__   # the first collection is not replaced either
 
 
 def test_dmp_bad_plans_raise_before_sharding():
-    for errors in run_on_ranks(bad_plans, 2, timeout=60.0):
+    for errors, users in run_on_ranks(bad_plans, 2, timeout=60.0):
         assert "not embedding collections of the model" in errors[0] and "must be a dict" in errors[1]
+        assert "collection 'items': the tables' weights have different dtypes" in errors[2], errors[2]
+        assert users == "EmbeddingBagCollection"

@@ -63,9 +63,13 @@ def test_shard_errors_are_clear_and_identical_on_ranks():
     assert "host_index=5 but the mesh has 1 host" in msgs["host"]
     assert "RowWiseAdagrad keeps one accumulator per row" in msgs["rowwise_cw"]
     assert msgs["type"].startswith("TypeError") and "must be a ParameterSharding" in msgs["type"]
-    assert "different data_type {'torch.float16': ['t_b'], 'torch.float32': ['t_a', 't_tiny', 't_c']}" in msgs["dtypes"], \
+    assert "weights have different dtypes {'torch.float16': ['t_b'], 'torch.float32': ['t_a', 't_tiny', 't_c']}" in \
         msgs["dtypes"]
-    assert "different data_type {'torch.float16': ['t_c'], 'torch.float32': ['t_a', 't_b', 't_tiny']}" in msgs["cast"]
+    for case in ("cast", "meta_cast"):      # a table cast with .half(), also on the meta device
+        assert "weights have different dtypes {'torch.float16': ['t_c'], 'torch.float32': ['t_a', 't_b', 't_tiny']}" \
+            in msgs[case], msgs[case]
+    assert "weights have different dtypes" in msgs["broadcast"] and msgs["broadcast_untouched"]  # before src_rank's
+    assert "ranks [1] were given other tables" in msgs["one_rank_cast"] and "differ in dtype" in msgs["one_rank_cast"]
 
 
 def test_compiled_optimizer_kernels():

@@ -173,22 +173,31 @@ def shard_errors(rank, world):
         "host": {**good, "t_a": table_row_wise(5)},
         "rowwise_cw": {**good, "t_a": column_wise([0, 1])},
         "type": {**good, "t_a": "table_wise"},
-        "dtypes": good,
-        "cast": good,
+        "dtypes": good, "cast": good, "meta_cast": good, "broadcast": good, "one_rank_cast": good,
     }
     # one fp16 table among fp32 ones: a sharded collection stores one weight dtype
     mixed = EmbeddingBagCollection([dataclasses.replace(t, data_type="FP16") if t.name == "t_b" else t
                                     for t in ebc.tables], init_seed=0)
-    cast = common.make_ebc(seed=0)
-    cast.embedding_bags["t_c"].half()       # the configs still say FP32: the weights' dtype decides
+    cast, meta_cast, one_rank = common.make_ebc(seed=0), common.make_ebc(seed=0, device="meta"), common.make_ebc(seed=0)
+    for m in (cast, meta_cast):
+        m.embedding_bags["t_c"].half()       # the configs still say FP32: the weights' dtype decides
+    if rank == 1:
+        one_rank.embedding_bags["t_c"].half()
+    # ranks hold other weights: had src_rank's broadcast run before the refusal, they would be rank 0's
+    theirs = common.make_ebc(seed=rank)
+    theirs.embedding_bags["t_b"].half()
+    before = {k: v.clone() for k, v in theirs.state_dict().items()}
+    modules = {"dtypes": mixed, "cast": cast, "meta_cast": meta_cast, "broadcast": theirs, "one_rank_cast": one_rank}
     out = {}
     for name, plan in cases.items():
         opt = functools.partial(RowWiseAdagrad, lr=0.1) if name == "rowwise_cw" else None
         try:
-            shard({"dtypes": mixed, "cast": cast}.get(name, ebc), plan, mesh=mesh_for(world, 1), optimizer=opt)
+            shard(modules.get(name, ebc), plan, mesh=mesh_for(world, 1), optimizer=opt,
+                  src_rank=0 if name == "broadcast" else None)
             out[name] = None
         except (ValueError, TypeError) as exc:
             out[name] = f"{type(exc).__name__}: {exc}"
+    out["broadcast_untouched"] = all(torch.equal(v, theirs.state_dict()[k]) for k, v in before.items())
     return out
 
 

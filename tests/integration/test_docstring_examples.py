@@ -24,13 +24,14 @@ _RUNNER = r'''
 import doctest, importlib, io, json, os, pkgutil, socket, sys
 import torch, torch.distributed as dist
 
-with socket.socket() as s:     # a free port for the world-1 group's store
+with socket.socket() as s:     # a free port in the launcher's variables, for examples that read them
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0",
                   WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
 torch.set_num_threads(1)
-dist.init_process_group("gloo", rank=0, world_size=1)
+# an in-process store: nothing binds a port (another process may take the one above meanwhile)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 package = sys.argv[1]
 pkg = importlib.import_module(package)

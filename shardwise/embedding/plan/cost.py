@@ -13,7 +13,12 @@ tiny table goes data-parallel only where that beats adding its ids to a group th
 Example:
     >>> from shardwise.embedding.plan.calibration import Calibration
     >>> from shardwise.embedding.plan.values import LayoutTopology
+    >>> from shardwise.embedding import EmbeddingBagConfig
     >>> model = CostModel(Calibration.nominal(), LayoutTopology.flat(2), 256, lambda t: 1.0, lambda t: 4)
+    >>> t = EmbeddingBagConfig(1000, 16, "t", feature_names=["f"])
+    >>> whole, half = ShardBox("t", 0, 0, 1000, 0, 16), ShardBox("t", 0, 0, 500, 0, 16)
+    >>> model.shard(t, ShardingType.ROW_WISE, half) < model.shard(t, ShardingType.TABLE_WISE, whole)
+    True
 """
 
 from __future__ import annotations

@@ -109,6 +109,9 @@ class EmbeddingShardingPlanner:
         if len(mem) != world_size or any(m <= 0 for m in mem):
             raise ValueError(f"memory_per_rank_bytes must be a positive number or one per rank ({world_size}), "
                              f"got {memory_per_rank_bytes!r}")
+        if bytes_per_element is not None and (not isinstance(bytes_per_element, int) or bytes_per_element < 1):
+            raise ValueError(f"bytes_per_element={bytes_per_element!r} must be None (each table's data_type) or a "
+                             f"positive int (bytes of one weight element, e.g. 2 for fp16)")
         if optimizer.lower() not in _STATE:
             raise ValueError(f"optimizer={optimizer!r} unknown to the planner; use one of {sorted(_STATE)}")
         if calibration is not None and not isinstance(calibration, Calibration):

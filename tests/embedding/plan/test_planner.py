@@ -124,3 +124,12 @@ def test_narrow_tables_are_never_split_into_columns_narrower_than_32():
     tables = _tables(n=2, rows=50_000, dim=48)
     plan = EmbeddingShardingPlanner(4, 2**30).plan(tables)
     assert all(ps.sharding_type != ShardingType.COLUMN_WISE for ps in plan.values())
+
+
+def test_bytes_per_element_sets_the_weights_bytes_and_the_state_stays_fp32():
+    tables = _tables(n=1, rows=1000, dim=16)
+    fp16 = EmbeddingShardingPlanner(1, 2**30, bytes_per_element=2)           # weights 2 bytes, Adagrad state 4
+    assert fp16.estimate({"t0": table_wise(0)}, tables).memory == [1000 * 16 * (2 + 4)]
+    for bad in (0, -2, "2", 2.0):
+        with pytest.raises(ValueError, match=f"bytes_per_element={bad!r} must be None"):
+            EmbeddingShardingPlanner(1, 2**30, bytes_per_element=bad)
