@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 
 import torch
 import torch.distributed as dist
@@ -66,6 +67,8 @@ class CollectiveCounter:
     # the counters of the ``with`` blocks the running code is inside: per thread (a context variable), so a
     # counter sees the collectives of the code it wraps and not those another thread issues meanwhile
     _active: contextvars.ContextVar = contextvars.ContextVar("shardwise.collective_counters", default=())
+    # blocks open in any thread: with none (the usual case) a collective skips the lookups below
+    _open, _open_lock = 0, threading.Lock()
 
     def __init__(self):
         self.counts: dict[str, int] = {}
@@ -74,10 +77,14 @@ class CollectiveCounter:
 
     def __enter__(self):
         self._tokens.append(CollectiveCounter._active.set(CollectiveCounter._active.get() + (self,)))
+        with CollectiveCounter._open_lock:
+            CollectiveCounter._open += 1
         return self
 
     def __exit__(self, *exc):
         CollectiveCounter._active.reset(self._tokens.pop())
+        with CollectiveCounter._open_lock:
+            CollectiveCounter._open -= 1
 
     @property
     def total(self) -> int:
@@ -86,6 +93,8 @@ class CollectiveCounter:
     @staticmethod
     def record(kind: str, donated: bool = False) -> None:
         # under fake tensors (torch.compile tracing) nothing is issued: the compiled graph runs it later
+        if not CollectiveCounter._open:
+            return
         active = CollectiveCounter._active.get()
         if not active and _in_tls("context"):
             # an autograd device thread (a CUDA backward) runs in a context of its own: torch stashes the
