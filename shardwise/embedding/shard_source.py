@@ -89,11 +89,15 @@ def check_or_broadcast(ebc, topo, src_rank: Optional[int]) -> None:
                          f"shard(..., src_rank=0) to broadcast rank 0's tables first")
 
 
+def _weight_dtypes(ebc) -> dict:
+    return {t.name: str(table_weight(ebc, t.name).dtype) for t in ebc.tables}
+
+
 def check_one_dtype(ebc, where: str = "shard()") -> None:
     """The stores hold one weight dtype: tables whose weights differ in dtype are refused instead of some
     being cast. The weights' own dtype (meta ones carry it too; a table cast with ``.half()`` keeps its
     config's ``data_type``). No collective."""
-    kind = {t.name: str(table_weight(ebc, t.name).dtype) for t in ebc.tables}
+    kind = _weight_dtypes(ebc)
     if len(set(kind.values())) > 1:
         by_kind = {k: [n for n in kind if kind[n] == k] for k in sorted(set(kind.values()))}
         raise ValueError(f"{where}: the tables' weights have different dtypes {by_kind}; a sharded collection stores "
@@ -106,8 +110,7 @@ def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_divisio
     garbage in the first forward; one all-gather of a digest makes them all raise here instead. Then,
     alike on every rank and before anything changes, the tables must share one weight dtype."""
     mesh = topo.mesh
-    dtypes = [str(table_weight(ebc, t.name).dtype) for t in ebc.tables]
-    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(dtypes)
+    text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(list(_weight_dtypes(ebc).values()))
     text += repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank, gradient_division))
     text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
     digest = list(hashlib.sha256(text.encode()).digest()[:16])

@@ -21,16 +21,12 @@ _SCRUBBED_VARS = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP
                   "MASTER_PORT", "TORCHELASTIC_RUN_ID", "THP_MEM_ALLOC_ENABLE"}
 
 _RUNNER = r'''
-import doctest, importlib, io, json, os, pkgutil, socket, sys
+import doctest, importlib, io, json, os, pkgutil, sys
 import torch, torch.distributed as dist
 
-with socket.socket() as s:     # a free port in the launcher's variables, for examples that read them
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0",
-                  WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
+os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1")
 torch.set_num_threads(1)
-# an in-process store: nothing binds a port (another process may take the one above meanwhile)
+# an in-process store: no port to find or to lose to another process
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 package = sys.argv[1]
