@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 from torch.ops import aten
 
-from ..placements import Replicate
+from ..placements import Partial, Replicate
 from ..propagation.propagator import Decision
 from ..propagation.registry import register_rule
 from ..propagation.schema import LocalPlan, TensorArg
@@ -62,19 +62,26 @@ def _replicated(ta: TensorArg, mesh_shape) -> bool:
 
 
 def _check_scalar(op, what: str, ta: TensorArg, mesh_shape) -> None:
-    if ta.ndim > 1 or (ta.ndim == 1 and ta.shape[0] != 1) or not _replicated(ta, mesh_shape):
-        where = "a plain tensor" if ta.placements is None else f"placements {[str(p) for p in ta.placements]}"
+    if ta.ndim > 1 or (ta.ndim == 1 and ta.shape[0] != 1):
         raise ValueError(
-            f"{op}: {what} must be a one-element scalar, plain or replicated; got shape {tuple(ta.shape)} with "
-            f"{where}. Pass a 0-d tensor (torch.optim creates them so) or redistribute it to Replicate()"
+            f"{op}: {what} must be a one-element scalar; got shape {tuple(ta.shape)}. Pass a 0-d tensor "
+            "(torch.optim creates them so)"
+        )
+    if not _replicated(ta, mesh_shape):
+        raise NotImplementedError(
+            f"{op}: {what} has placements {[str(p) for p in ta.placements]}; a scalar of a fused optimizer step "
+            "must be a plain tensor or replicated: redistribute it to Replicate() first"
         )
 
 
 def fused_rule(schema, mesh_shape) -> Decision:
     """Checks the lists; moves nothing itself: a gradient or state tensor in another layout than its
     parameter is moved by the kernel, which also moves what the fused op wrote back into it."""
-    list_names = _LISTS[_name(schema.op)][0]
+    name = _name(schema.op)
+    list_names = _LISTS[name][0]
     params = schema.args[0]
+    for i, ta in enumerate(params):
+        _check_param(schema.op, name, i, ta)
     for li, lname in enumerate(list_names, 1):
         lst = schema.args[li]
         if lst and len(lst) != len(params):
@@ -88,6 +95,16 @@ def fused_rule(schema, mesh_shape) -> Decision:
         if isinstance(v, TensorArg):
             _check_scalar(schema.op, k, v, mesh_shape)
     return Decision([None] * len(schema.tensor_args), [])
+
+
+def _check_param(op, name: str, i: int, ta: TensorArg) -> None:
+    pending = [p for p in ta.placements or () if isinstance(p, Partial)]
+    # SGD's update is linear in the parameter, gradient and buffer: pending sums/averages update as parts
+    if pending and not (name == "_fused_sgd_" and all(p.is_linear() for p in pending)):
+        raise NotImplementedError(
+            f"{op}: parameter {i} is a pending reduction {[str(p) for p in ta.placements]}; this update is not "
+            "linear in it. Redistribute the parameter to Replicate() (or Shard) before the step"
+        )
 
 
 def _check_element(op, lname: str, i: int, ta: TensorArg, param: TensorArg) -> None:
