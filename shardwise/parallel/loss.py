@@ -138,8 +138,8 @@ def _reduction(b) -> str:
     return b.arguments.get("reduction", "mean")
 
 
-def _cross_entropy(func, args, kwargs):
-    b = _CE.bind(*args, **kwargs)
+def _loss(sig, fn, args, kwargs):
+    b = sig.bind(*args, **kwargs)
     x = b.arguments["input"]
     if not isinstance(x, DTensor):
         return NotImplemented
@@ -147,19 +147,15 @@ def _cross_entropy(func, args, kwargs):
     tp = _class_mesh_dim(x.placements, cdim)
     a = _loss_args(x, cdim, tp, b.arguments["target"], b.arguments.get("weight"), b.arguments.get("ignore_index", -100),
                    _reduction(b), b.arguments.get("label_smoothing", 0.0))
-    return CrossEntropy.apply(x, ClassShard.of(x, cdim, tp), a)
+    return fn.apply(x, ClassShard.of(x, cdim, tp), a)
+
+
+def _cross_entropy(func, args, kwargs):
+    return _loss(_CE, CrossEntropy, args, kwargs)
 
 
 def _nll_loss(func, args, kwargs):
-    b = _NLL.bind(*args, **kwargs)
-    x = b.arguments["input"]
-    if not isinstance(x, DTensor):
-        return NotImplemented
-    cdim = 1 if x.ndim >= 2 else 0
-    tp = _class_mesh_dim(x.placements, cdim)
-    a = _loss_args(x, cdim, tp, b.arguments["target"], b.arguments.get("weight"), b.arguments.get("ignore_index", -100),
-                   _reduction(b), 0.0)
-    return NllLoss.apply(x, ClassShard.of(x, cdim, tp), a)
+    return _loss(_NLL, NllLoss, args, kwargs)
 
 
 def _log_softmax(func, args, kwargs):
