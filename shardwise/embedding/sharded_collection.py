@@ -15,7 +15,7 @@ from .collection.bag_collection import EmbeddingBagCollection, check_features
 from .collection.variable_batch import split_variable_batch
 from .optim.fused import FusedOptimizer
 from .optim.rules import STATE_DTYPE
-from .optim.settings import table_optimizers
+from .optim.settings import describe, table_optimizers
 from .plan.values import ParameterSharding, ShardBox, ShardingType
 from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
@@ -161,6 +161,17 @@ class ShardedEmbeddingBagCollection(nn.Module):
     def _make_stages(self, sharder, routing: Routing, store: ShardStore) -> Stages:
         """The three stages of one group (pooled here; a subclass may return other output stages)."""
         return sharder.build(routing, self._topo, store, self._anchor, self._is_weighted, self._dtype)
+
+    def extra_repr(self) -> str:
+        """One line per table: shape, sharding type, ranks and optimizer (what ``print(model)`` shows)."""
+        plan, lines = self.sharding_plan(), []
+        for t in self._tables:
+            ps = plan[t.name]
+            rule, hp = self.fused_optimizer.table_rule(t.name)
+            opt = describe(rule, hp) if rule is not None else "no optimizer"
+            ranks = f"ranks {list(ps.ranks)}" if ps.ranks else "every rank"
+            lines.append(f"{t.name}: {t.num_embeddings}x{t.embedding_dim} {ps.sharding_type.value} on {ranks}, {opt}")
+        return f"world_size={self._topo.world_size}\n" + "\n".join(lines)
 
     def _warn_frozen(self) -> None:
         if not self._warned_frozen:

@@ -147,7 +147,8 @@ class CombinedOptimizer(KeyedOptimizer):
     def __init__(self, optims: list) -> None:
         self._optims: list = []
         for item in optims:
-            key, opt = ("", item) if isinstance(item, KeyedOptimizer) else item
+            key, opt = ("", item) if isinstance(item, KeyedOptimizer) else (
+                item if isinstance(item, tuple) and len(item) == 2 else ("", item))
             if not isinstance(opt, KeyedOptimizer):
                 raise TypeError(f"CombinedOptimizer takes KeyedOptimizers or (prefix, KeyedOptimizer), got "
                                 f"{type(opt).__name__}; wrap a torch optimizer in KeyedOptimizerWrapper")

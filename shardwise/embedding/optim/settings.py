@@ -148,5 +148,6 @@ def table_optimizers(ebc, optimizer=None, fused_params: Optional[dict] = None, w
 def describe(rule, hp) -> str:
     """``Adagrad(lr=0.1, eps=1e-10, ...)`` for messages and reprs."""
     skip = ("params", "initial_lr", "foreach", "differentiable", "fused", "capturable", "decoupled_weight_decay")
-    shown = ", ".join(f"{k}={v}" for k, v in hp.items() if k not in skip and v is not None and v is not False)
+    shown = ", ".join(f"{k}={v}" for k, v in hp.items()
+                      if k not in skip and v is not None and v is not False and (k == "lr" or v != 0))
     return f"{rule.name}({shown})"
