@@ -233,3 +233,33 @@ def frozen_worker(rank, world):
 def test_shard_without_optimizer_warns_once_when_a_backward_reaches_it():
     for msgs in run_on_ranks(frozen_worker, 2, timeout=120.0):
         assert len(msgs) == 1 and "tables ['a', 'b', 'c']" in msgs[0] and "do not change" in msgs[0]
+
+
+def legacy_checkpoint_worker(rank, world, path):
+    import torch.distributed.checkpoint as dcp
+
+    from shardwise.embedding.checkpoint import load_sharded
+
+    adam = functools.partial(torch.optim.Adam, lr=0.05)
+    a = shard(Model().ebc, {"a": row_wise(), "b": table_wise(0), "c": data_parallel()}, optimizer=adam)
+    for step in range(2):
+        a(batch(step, rank)[0]).values().pow(2).sum().backward()
+    # the layout written before the fused state took TorchRec's names: {"step", "exp_avg", "exp_avg_sq"}
+    old_names = {"momentum1": "exp_avg", "momentum2": "exp_avg_sq", "step": "step"}
+    optim = {key: {old_names[n.rsplit(".", 1)[1]]: v for n, v in entry.items()}
+             for key, entry in a.fused_optimizer.state_dict()["state"].items()}
+    dcp.save({"model": a.state_dict(), "optim": {"state": optim, "param_groups": [{"lr": 0.05}]}}, checkpoint_id=path)
+    b = shard(Model(device="meta").ebc, {"a": table_wise(world - 1), "b": row_wise(), "c": row_wise()}, optimizer=adam)
+    load_sharded(path, b)
+    full = lambda m: {f"{k}/{n}": (v.full_tensor() if hasattr(v, "full_tensor") else v)    # noqa: E731
+                      for k, e in m.fused_optimizer.state_dict()["state"].items() for n, v in e.items()}
+    fa, fb = full(a), full(b)
+    same_state = sorted(fa) == sorted(fb) and all(torch.equal(fa[k], fb[k]) for k in fa)
+    same_weights = all(torch.equal(v.full_tensor(), b.state_dict()[k].full_tensor()) for k, v in a.state_dict().items())
+    return same_state, same_weights, float(fb["embedding_bags.a.weight/a.step"])
+
+
+def test_checkpoint_with_the_older_state_names_still_loads(tmp_path):
+    for same_state, same_weights, step in run_on_ranks(legacy_checkpoint_worker, 2, str(tmp_path / "ckpt"),
+                                                       timeout=120.0):
+        assert same_state and same_weights and step == 2.0
