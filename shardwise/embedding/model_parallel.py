@@ -99,6 +99,11 @@ def _mesh_for(env, device, mesh):
         raise ValueError(f"{_WHO}: pass env= (TorchRec's) or mesh= (ours), not both")
     if device is not None:
         device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"{_WHO}: device={device} but this process sees no CUDA device; pass "
+                             f"device=torch.device('cpu') (or leave it out: the default group's device type)")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{_WHO}: device={device}: sharded collections run on 'cpu' or 'cuda' devices")
         if mesh is not None and mesh.device_type != device.type:
             raise ValueError(f"{_WHO}: device={device} but the mesh is on {mesh.device_type!r}; pass one of them")
     if mesh is not None:
