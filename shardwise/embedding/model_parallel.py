@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Any, Optional
 
@@ -135,9 +136,9 @@ def _settings(found: dict, sharders: list, optimizer, plan: dict) -> dict:
             if bad:
                 raise ValueError(f"{where}: tables {bad} are planned with sharding types that its sharder allows not "
                                  f"(allowed: {sharder.sharding_types()}); change the plan or the sharder")
-            if sharder.qcomm_codecs_registry:
+            if sharder.qcomm_codecs_registry and "qcomm_codecs_registry" not in inspect.signature(shard_resolved).parameters:
                 raise NotImplementedError(f"{where}: the sharder's qcomm_codecs_registry (quantized communication) "
-                                          f"is not wired into DistributedModelParallel yet; leave it out")
+                                          f"is not supported by this build; leave it out")
         settings = table_optimizers(ebc, optimizer, sharder.fused_params if sharder else None, where)
         for t, s in settings.items():
             if s is None:
@@ -198,7 +199,10 @@ class DistributedModelParallel(nn.Module):
             check_one_dtype(ebc, f"{_WHO}, collection {path or '(the model)'!r}")
         settings = _settings(found, sharders, optimizer, self.plan)
         for path, ebc in found.items():
-            sharded = shard_resolved(ebc, self.plan[path], topo, settings[path], _WHO, **shard_kwargs)
+            sharder = sharder_for(ebc, sharders, _WHO)
+            extra = {"qcomm_codecs_registry": sharder.qcomm_codecs_registry} \
+                if sharder is not None and sharder.qcomm_codecs_registry else {}
+            sharded = shard_resolved(ebc, self.plan[path], topo, settings[path], _WHO, **extra, **shard_kwargs)
             if path:
                 _replace(module, path, sharded)
             else:
