@@ -48,7 +48,7 @@ from .plan.planner import EmbeddingShardingPlanner
 from .plan.values import ParameterSharding
 from .sharded_collection import ShardedEmbeddingBagCollection, shard_resolved
 from .sharders import check_sharders, sharder_for
-from .sharding_env import ShardingEnv
+from .sharding_env import ShardingEnv, mesh_for
 from .shard_source import check_one_dtype
 from .topology import Topology
 
@@ -95,41 +95,13 @@ def _replace(root: nn.Module, path: str, new: nn.Module) -> None:
     setattr(root.get_submodule(parent) if parent else root, name, new)
 
 
-def _mesh_for(env, device, mesh):
-    if mesh is not None and env is not None:
-        raise ValueError(f"{_WHO}: pass env= (TorchRec's) or mesh= (ours), not both")
-    if device is not None:
-        device = torch.device(device)
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"{_WHO}: device={device} but this process sees no CUDA device; pass "
-                             f"device=torch.device('cpu') (or leave it out: the default group's device type)")
-        if device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{_WHO}: device={device}: sharded collections run on 'cpu' or 'cuda' devices")
-        if mesh is not None and mesh.device_type != device.type:
-            raise ValueError(f"{_WHO}: device={device} but the mesh is on {mesh.device_type!r}; pass one of them")
-    if mesh is not None:
-        return mesh
-    if env is not None or device is not None:
-        env = env if env is not None else ShardingEnv.from_process_group(dist.group.WORLD) \
-            if dist.is_initialized() else None
-        if env is None:
-            raise RuntimeError(f"{_WHO}: needs an initialised torch.distributed process group; call "
-                               f"dist.init_process_group first")
-        if not isinstance(env, ShardingEnv):
-            raise TypeError(f"{_WHO}: env must be a ShardingEnv (e.g. ShardingEnv.from_process_group(pg)), got "
-                            f"{type(env).__name__}; pass a plan by keyword: plan=...")
-        from .._device import default_group_device_type
-        return env.mesh(device.type if device is not None else default_group_device_type(), _WHO)
-    return None
-
-
-def _settings(found: dict, sharders: list, optimizer, plan: dict) -> dict:
+def _settings(found: dict, sharders: list, optimizer, plan: dict, who: str = _WHO) -> dict:
     """Per collection ``{table: (rule, hp)}``; resolved (and every error raised) before any collection changes."""
     out, defaulted = {}, []
     fallback = resolve_optimizer(lambda ps: DEFAULT_FUSED[0](ps, **DEFAULT_FUSED[1]))
     for path, ebc in found.items():
-        sharder = sharder_for(ebc, sharders, _WHO)
-        where = f"{_WHO}, collection {path or '(the model)'!r}"
+        sharder = sharder_for(ebc, sharders, who)
+        where = f"{who}, collection {path or '(the model)'!r}" if who == _WHO else who
         if sharder is not None:
             bad = {n: p.sharding_type.value for n, p in plan[path].items()
                    if p.sharding_type.value not in sharder.sharding_types()}
@@ -146,7 +118,7 @@ def _settings(found: dict, sharders: list, optimizer, plan: dict) -> dict:
                 defaulted.append(f"{path}.{t}" if path else t)
         out[path] = settings
     if defaulted and (not dist.is_initialized() or dist.get_rank() == 0):
-        print(f"{_WHO}: no optimizer was given for tables {defaulted} (no apply_optimizer_in_backward on their "
+        print(f"{who}: no optimizer was given for tables {defaulted} (no apply_optimizer_in_backward on their "
               f"weights, no optimizer= and no fused_params): they train with {describe(*fallback)} fused into backward, "
               f"TorchRec's default for fused tables. (TorchRec leaves small data-parallel tables to your dense "
               f"optimizer instead; here every table is fused.)", file=sys.stderr)
@@ -193,7 +165,7 @@ class DistributedModelParallel(nn.Module):
             raise ValueError(f"{_WHO}: {type(module).__name__} holds no EmbeddingBagCollection (or EmbeddingCollection) "
                              f"to shard; use DistributedDataParallel for a dense model")
         sharders = check_sharders(sharders, _WHO)
-        topo = Topology.from_mesh(_mesh_for(env, device, mesh))
+        topo = Topology.from_mesh(mesh_for(env, device, mesh, _WHO))
         self.plan = _per_collection(plan, found, topo, planner)
         for path, ebc in found.items():     # before any collection of the model is replaced
             check_one_dtype(ebc, f"{_WHO}, collection {path or '(the model)'!r}")
@@ -257,6 +229,14 @@ class DistributedModelParallel(nn.Module):
             elif recurse or not path:
                 for name, p in mod.named_parameters(recurse=False):
                     yield at + name, p
+
+    def parameters(self, recurse: bool = True):
+        """The dense parameters only, unlike ``named_parameters()``: what a dense torch optimizer takes
+        (one that builds state eagerly, like Adagrad, would otherwise allocate it for whole tables).
+        TorchRec's ``parameters()`` lists the tables too."""
+        for _, p in self.named_parameters(recurse=recurse):
+            if not hasattr(p, "_in_backward_optimizers"):
+                yield p
 
     def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
         return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)

@@ -28,7 +28,7 @@ from .topology import Topology
 __all__ = ["shard", "shard_resolved"]
 
 
-def _check_plan(ebc: EmbeddingBagCollection, plan: dict) -> None:
+def check_plan(ebc: EmbeddingBagCollection, plan: dict) -> None:
     if not isinstance(plan, dict):
         raise TypeError(f"plan must be a dict {{table name: ParameterSharding}}, got {type(plan).__name__}")
     names = [t.name for t in ebc.tables]
@@ -84,7 +84,7 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     if not isinstance(ebc, (EmbeddingBagCollection, EmbeddingCollection)):
         raise TypeError(f"shard() expects an EmbeddingBagCollection or an EmbeddingCollection, got "
                         f"{type(ebc).__name__}")
-    _check_plan(ebc, plan)
+    check_plan(ebc, plan)
     settings = table_optimizers(ebc, optimizer, fused_params, "shard()")
     return shard_resolved(ebc, plan, Topology.from_mesh(mesh), settings, "shard()", compile_optimizer=compile_optimizer,
                           src_rank=src_rank, gradient_division=gradient_division, load_sample_every=load_sample_every)

@@ -125,8 +125,8 @@ def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_divisio
     rows = all_gather_ints(digest, n, group, topo.device)
     differ = [r for r in range(n) if rows[r] != rows[0]]
     if differ:
-        raise ValueError(f"{where}: ranks {differ} were given other tables, another plan, other optimizers or "
-                         f"another mesh than rank 0 (or tables whose weights differ in dtype); every rank must call "
+        raise ValueError(f"{where}: ranks {differ} were given other tables, another plan or another mesh than "
+                         f"rank 0 (or other optimizers, or tables whose weights differ in dtype); every rank must call "
                          f"{where} with the same table configs, weight dtypes, plan, optimizers, mesh, init_seed, "
                          f"src_rank and device (meta or not)")
     check_one_dtype(ebc, where)

@@ -58,6 +58,33 @@ class ModuleSharder:
         from .shard_source import table_weight
         return {t.name: table_weight(module, t.name) for t in module.tables}
 
+    def shard(self, module, params: dict, env=None, device=None, module_fqn: Optional[str] = None):
+        """Collective: shard one unsharded ``module`` by ``params`` (``{table: ParameterSharding}``, e.g. a
+        planner's ``plan.plan[""]``) over ``env``'s process group (TorchRec's signature). Optimizers as in
+        DistributedModelParallel: per-table ``apply_optimizer_in_backward`` settings, else this sharder's
+        ``fused_params``, else TorchRec's default SGD(lr=0.01), printed.
+
+        Example:
+            >>> import torch.distributed as dist
+            >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, ShardingEnv, table_wise
+            >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])])
+            >>> sharder = EmbeddingBagCollectionSharder(fused_params={"learning_rate": 0.1})   # EXACT_SGD
+            >>> sharder.shard(ebc, {"t": table_wise(0)}, ShardingEnv.from_process_group(dist.group.WORLD)).fused_optimizer
+            FusedOptimizer(SGD(lr=0.1) for ['t'])
+        """
+        from .model_parallel import _settings
+        from .shard_api import check_plan, shard_resolved
+        from .sharding_env import mesh_for
+        from .topology import Topology
+
+        who = f"{type(self).__name__}.shard"
+        if not isinstance(module, self.module_type):
+            raise TypeError(f"{who}: expects an {self.module_type.__name__}, got {type(module).__name__}")
+        check_plan(module, params)
+        topo = Topology.from_mesh(mesh_for(env, device, None, who))
+        settings = _settings({"": module}, [self], None, {"": params}, who)[""]
+        return shard_resolved(module, params, topo, settings, who)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(fused_params={self.fused_params}, sharding_types={self._types})"
 

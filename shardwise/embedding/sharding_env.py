@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import torch
 import torch.distributed as dist
 
-__all__ = ["ShardingEnv"]
+__all__ = ["ShardingEnv", "mesh_for"]
 
 
 class ShardingEnv:
@@ -56,3 +57,32 @@ class ShardingEnv:
 
     def __repr__(self) -> str:
         return f"ShardingEnv(world_size={self.world_size}, rank={self.rank})"
+
+
+def mesh_for(env, device, mesh, who: str):
+    """The mesh for TorchRec's ``env``/``device`` (or our ``mesh``); None: the default group's."""
+    if mesh is not None and env is not None:
+        raise ValueError(f"{who}: pass env= (TorchRec's) or mesh= (ours), not both")
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"{who}: device={device} but this process sees no CUDA device; pass "
+                             f"device=torch.device('cpu') (or leave it out: the default group's device type)")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{who}: device={device}: sharded collections run on 'cpu' or 'cuda' devices")
+        if mesh is not None and mesh.device_type != device.type:
+            raise ValueError(f"{who}: device={device} but the mesh is on {mesh.device_type!r}; pass one of them")
+    if mesh is not None:
+        return mesh
+    if env is not None or device is not None:
+        env = env if env is not None else ShardingEnv.from_process_group(dist.group.WORLD) \
+            if dist.is_initialized() else None
+        if env is None:
+            raise RuntimeError(f"{who}: needs an initialised torch.distributed process group; call "
+                               f"dist.init_process_group first")
+        if not isinstance(env, ShardingEnv):
+            raise TypeError(f"{who}: env must be a ShardingEnv (e.g. ShardingEnv.from_process_group(pg)), got "
+                            f"{type(env).__name__}; pass a plan by keyword: plan=...")
+        from .._device import default_group_device_type
+        return env.mesh(device.type if device is not None else default_group_device_type(), who)
+    return None

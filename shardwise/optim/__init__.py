@@ -15,7 +15,8 @@ Example:
 
 from torch.distributed.optim import _apply_optimizer_in_backward as apply_optimizer_in_backward
 
-from .keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper, in_backward_optimizer_filter
+from .keyed import CombinedOptimizer, KeyedOptimizer, KeyedOptimizerWrapper
+from .optimizers import in_backward_optimizer_filter
 from .rowwise_adagrad import RowWiseAdagrad
 
 __all__ = ["KeyedOptimizer", "CombinedOptimizer", "KeyedOptimizerWrapper", "in_backward_optimizer_filter",

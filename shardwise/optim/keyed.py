@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import copy
 from collections import OrderedDict
-from typing import Any, Callable, Collection, Iterator, Mapping, Optional, Union
+from typing import Any, Callable, Collection, Mapping, Optional
 
 import torch
 
-__all__ = ["KeyedOptimizer", "CombinedOptimizer", "KeyedOptimizerWrapper", "in_backward_optimizer_filter"]
+__all__ = ["KeyedOptimizer", "CombinedOptimizer", "KeyedOptimizerWrapper"]
 
 
 def _copy_into(current: Any, new: Any, where: str) -> Any:
@@ -254,20 +254,3 @@ class KeyedOptimizerWrapper(KeyedOptimizer):
 
     def __repr__(self) -> str:
         return f"KeyedOptimizerWrapper({self._optimizer!r})"
-
-
-def in_backward_optimizer_filter(named_parameters: Iterator, include: bool = False) -> Iterator:
-    """The ``(name, parameter)`` pairs without an optimizer applied in backward (``include=True``:
-    only those with one) -- what a dense optimizer should get from ``model.named_parameters()``
-    (TorchRec's).
-
-    Example:
-        >>> from torch.distributed.optim import _apply_optimizer_in_backward
-        >>> lin = torch.nn.Linear(2, 1)
-        >>> _apply_optimizer_in_backward(torch.optim.SGD, [lin.bias], {"lr": 0.1})
-        >>> [n for n, _ in in_backward_optimizer_filter(lin.named_parameters())]
-        ['weight']
-    """
-    for name, param in named_parameters:
-        if hasattr(param, "_in_backward_optimizers") == include:
-            yield name, param

@@ -130,13 +130,17 @@ def keys_worker(rank, world):
            v.detach().clone() + 1 for k, v in sd.items()}
     dmp.load_state_dict(old)
     loaded = {k: torch.equal(_full(dmp)[k], old[("module.module." if world > 1 else "module.") + k]) for k in sd}
+    torch.optim.Adagrad(dmp.parameters(), lr=0.1)   # eager state: the tables (ShardedTable views) stay out
+    got = list(dmp.parameters())
+    dense_params = len(got) == 2 and got[0] is m.top.weight and got[1] is m.top.bias
     return list(sd), [k for k, _ in dmp.named_parameters()], fused, loaded, \
-        [k for k, _ in in_backward_optimizer_filter(dmp.named_parameters())]
+        [k for k, _ in in_backward_optimizer_filter(dmp.named_parameters())], dense_params
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_keys_are_torchrecs_at_every_world_size(world):
-    for sd, named, fused, loaded, dense in run_on_ranks(keys_worker, world, timeout=120.0):
+    for sd, named, fused, loaded, dense, dense_params in run_on_ranks(keys_worker, world, timeout=120.0):
+        assert dense_params     # ours: parameters() is the dense part (TorchRec's lists the tables too)
         assert sorted(sd) == TORCHREC_STATE_DICT
         assert named == TORCHREC_NAMED_PARAMETERS
         assert fused == TORCHREC_FUSED_STATE
@@ -263,3 +267,25 @@ def test_checkpoint_with_the_older_state_names_still_loads(tmp_path):
     for same_state, same_weights, step in run_on_ranks(legacy_checkpoint_worker, 2, str(tmp_path / "ckpt"),
                                                        timeout=120.0):
         assert same_state and same_weights and step == 2.0
+
+
+def sharder_shard_worker(rank, world):
+    ebc = Model().ebc
+    ref = copy.deepcopy(ebc)
+    env = ShardingEnv.from_process_group(torch.distributed.group.WORLD)
+    sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.2})
+    sharded = sharder.shard(ebc, {"a": row_wise(), "b": table_wise(0), "c": table_wise(world - 1)}, env,
+                            torch.device("cpu"))
+    kjt, _ = batch(0, rank)
+    forward_err = (sharded(kjt).values() - ebc(kjt).values()).abs().max().item()
+    sharded(kjt).values().pow(2).sum().backward()
+    ref_opt = torch.optim.Adagrad(ref.parameters(), lr=0.2, eps=1e-8)     # FBGEMM's eps default
+    (sum(ref(batch(0, r)[0]).values().pow(2).sum() for r in range(world)) / world).backward()
+    ref_opt.step()
+    got = {k: v.full_tensor() for k, v in sharded.state_dict().items()}
+    return forward_err, max((got[k] - v).abs().max().item() for k, v in ref.state_dict().items())
+
+
+def test_sharder_shard_as_in_torchrecs_tutorial_honours_its_fused_params():
+    for forward_err, err in run_on_ranks(sharder_shard_worker, 2, timeout=120.0):
+        assert forward_err == 0.0 and err < 1e-6

@@ -196,7 +196,8 @@ class FusedOptimizer(KeyedOptimizer):
                 steps[key] = int(float(s))
         if len(set(steps.values())) > 1:
             listing = ", ".join(f"{k}: {n}" for k, n in sorted(steps.items()))
-            raise ValueError(f"optimizer state_dict has different steps per table ({listing}); the tables of one "
+            raise ValueError(f"optimizer state_dict has different steps per table {sorted(set(steps.values()))} "
+                             f"({listing}); the tables of one "
                              "collection step together: load a state dict saved from one collection (nothing was loaded)")
         topo = self._module._topo
         for value, boxes, local, size, replicated, what in plan:
