@@ -52,7 +52,7 @@ def _full(dmp) -> dict:
     return {k: (v.full_tensor() if hasattr(v, "full_tensor") else v.detach()) for k, v in dmp.state_dict().items()}
 
 
-def train_worker(rank, world):
+def train_worker(rank, world, same_types):
     model = Model()
     ref = copy.deepcopy(model)
     bags = model.ebc.embedding_bags
@@ -61,6 +61,8 @@ def train_worker(rank, world):
     # "c" has no setting of its own: the sharder's fused_params apply (and lose to a and b's own)
     sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.3})
     plan = {"ebc": {"a": row_wise(), "b": table_wise(world - 1), "c": data_parallel()}}
+    if same_types:   # three optimizers in one sharding type: three lookup groups of it
+        plan = {"ebc": {"a": row_wise(), "b": row_wise(), "c": row_wise()}}
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
     dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(dmp.named_parameters())),
                                   lambda ps: torch.optim.SGD(ps, lr=0.05))
@@ -88,13 +90,15 @@ def train_worker(rank, world):
     return errs, lrs, repr(dmp.fused_optimizer), repr(dmp.module.ebc)
 
 
-def test_apply_optimizer_in_backward_fused_params_and_scheduler_train_like_plain_torch():
-    for errs, (lrs, ref_lrs), opt_repr, ebc_repr in run_on_ranks(train_worker, 2, timeout=120.0):
+@pytest.mark.parametrize("same_types", [False, True])
+def test_apply_optimizer_in_backward_fused_params_and_scheduler_train_like_plain_torch(same_types):
+    for errs, (lrs, ref_lrs), opt_repr, ebc_repr in run_on_ranks(train_worker, 2, same_types, timeout=120.0):
         assert max(errs.values()) < 1e-6, errs
         assert lrs == ref_lrs == [0.1 / 8, 0.2 / 8, 0.3 / 8, 0.05 / 8]   # LambdaLR drove every fused group
         assert "RowWiseAdagrad(lr=0.0125" in opt_repr and "for ['a']" in opt_repr and "SGD(lr=0.0375" in opt_repr
         assert "a: 20x4 row_wise on ranks [0, 1], RowWiseAdagrad" in ebc_repr
-        assert "b: 30x4 table_wise on ranks [1], Adagrad" in ebc_repr and "c: 12x4 data_parallel" in ebc_repr
+        if not same_types:
+            assert "b: 30x4 table_wise on ranks [1], Adagrad" in ebc_repr and "c: 12x4 data_parallel" in ebc_repr
 
 
 # Verified against TorchRec 1.8 (torch 2.13 CPU, fbgemm-gpu-cpu 1.8, gloo) with the same model --
