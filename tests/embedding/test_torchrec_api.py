@@ -293,3 +293,23 @@ def sharder_shard_worker(rank, world):
 def test_sharder_shard_as_in_torchrecs_tutorial_honours_its_fused_params():
     for forward_err, err in run_on_ranks(sharder_shard_worker, 2, timeout=120.0):
         assert forward_err == 0.0 and err < 1e-6
+
+
+def mixed_reshard_worker(rank, world):
+    from shardwise.embedding import reshard
+
+    model = Model()
+    apply_optimizer_in_backward(torch.optim.Adagrad, [model.ebc.embedding_bags["a"].weight], {"lr": 0.2})
+    sharded = shard(model.ebc, {t: row_wise() for t in ROWS}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+    before = {k: v.full_tensor() for k, v in sharded.state_dict().items()}
+    try:
+        reshard(sharded, {"b": table_wise(0)})
+    except ValueError as exc:
+        return str(exc), all(torch.equal(v, sharded.state_dict()[k].full_tensor()) for k, v in before.items())
+    return None, None
+
+
+def test_reshard_of_tables_with_different_optimizers_is_refused_before_moving_anything():
+    for msg, unchanged in run_on_ranks(mixed_reshard_worker, 2, timeout=120.0):
+        assert msg and "different optimizers (Adagrad(lr=0.2, eps=1e-10) for ['a']; SGD(lr=0.1) for ['b', 'c'])" in msg, msg
+        assert unchanged
