@@ -46,7 +46,7 @@ from .optim.rules import resolve_optimizer
 from .optim.settings import describe, table_optimizers
 from .plan.planner import EmbeddingShardingPlanner
 from .plan.values import ParameterSharding
-from .sharded_collection import ShardedEmbeddingBagCollection, shard_resolved
+from .sharded_collection import shard_resolved
 from .sharders import check_sharders, sharder_for
 from .sharding_env import ShardingEnv, mesh_for
 from .shard_source import check_one_dtype

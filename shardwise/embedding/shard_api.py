@@ -16,9 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import torch  # noqa: F401  (the examples use it)
 
-from ..sparse import KeyedJaggedTensor  # noqa: F401
 from .collection.bag_collection import EmbeddingBagCollection
 from .optim.settings import table_optimizers
 from .plan.values import ParameterSharding
@@ -72,7 +70,8 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     docs/embedding.md), and the first step pays a compile of tens of seconds.
 
     Example:
-        >>> import functools; from shardwise.embedding import EmbeddingBagConfig, row_wise, table_wise
+        >>> import functools, torch; from shardwise.embedding import EmbeddingBagConfig, row_wise, table_wise
+        >>> from shardwise.sparse import KeyedJaggedTensor
         >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, t, feature_names=[t + "_f"]) for t in ("t0", "t1")])
         >>> sharded = shard(ebc, {"t0": table_wise(0), "t1": row_wise()},
         ...                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))

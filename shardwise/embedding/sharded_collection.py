@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -16,7 +16,7 @@ from .collection.variable_batch import split_variable_batch
 from .optim.fused import FusedOptimizer
 from .optim.rules import STATE_DTYPE
 from .optim.settings import describe, table_optimizers
-from .plan.values import ParameterSharding, ShardBox, ShardingType
+from .plan.values import ShardBox, ShardingType
 from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
 from .sharding.store import ShardStore

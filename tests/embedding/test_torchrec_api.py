@@ -264,6 +264,10 @@ def legacy_checkpoint_worker(rank, world, path):
     fa, fb = full(a), full(b)
     same_state = sorted(fa) == sorted(fb) and all(torch.equal(fa[k], fb[k]) for k in fa)
     same_weights = all(torch.equal(v.full_tensor(), b.state_dict()[k].full_tensor()) for k, v in a.state_dict().items())
+    c = shard(Model(device="meta").ebc, {t: row_wise() for t in ROWS}, optimizer=adam)
+    c.fused_optimizer.load_state_dict({"state": optim})       # an older in-memory state dict, too
+    fc = full(c)
+    same_state = same_state and all(torch.equal(fa[k], fc[k]) for k in fa)
     return same_state, same_weights, float(fb["embedding_bags.a.weight/a.step"])
 
 
