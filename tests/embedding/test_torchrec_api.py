@@ -196,6 +196,8 @@ def refusal_worker(rank, world, case):
                       sharders=[EmbeddingBagCollectionSharder(sharding_types=["table_wise", "data_parallel"])])
     elif case == "fused_type":
         kwargs.update(sharders=[EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.LAMB})])
+    elif case == "device":
+        kwargs.update(device=torch.device("meta"))
     elif case == "plan_positional":
         return _raises(lambda: DistributedModelParallel(model, {"ebc": {}}))
     return _raises(lambda: DistributedModelParallel(model, **kwargs)) + (type(model.ebc).__name__,)
@@ -216,6 +218,7 @@ def _raises(fn):
     ("sharding_type", r"tables \{'a': 'row_wise'.*allowed: \['data_parallel', 'table_wise'\]"),
     ("fused_type", r"fused optimizer 'lamb' is not supported fused here; supported EmbOptimType values"),
     ("plan_positional", r"the second argument is env .* pass the plan by keyword"),
+    ("device", r"^DistributedModelParallel: device=meta: sharded collections run on 'cpu' or 'cuda' devices"),
 ])
 def test_bad_optimizer_settings_are_refused_naming_dmp_and_the_table(case, pattern):
     import re
