@@ -2,7 +2,7 @@
 
 The packages, each with its own facade: ``shardwise.tensor`` (DTensor), ``shardwise.parallel``
 (tensor-parallel styles), ``shardwise.sparse`` (KeyedJaggedTensor), ``shardwise.embedding`` (sharded
-embedding collections, planner, live reshard), ``shardwise.compile`` (compile-mode data parallel),
+embedding collections, planner, live reshard), ``shardwise.optim`` (TorchRec's keyed optimizers), ``shardwise.compile`` (compile-mode data parallel),
 ``shardwise.data`` and ``shardwise.train`` (the ``shardwise train`` job).
 
 Example (in a process group; world size 1 here):

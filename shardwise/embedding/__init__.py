@@ -16,7 +16,7 @@ from .collection import (
     BaseEmbeddingConfig, DataType, EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingCollection, EmbeddingConfig,
     PoolingType,
 )
-from .optim import FusedOptimizer, RowWiseAdagrad
+from .optim import EmbOptimType, FusedOptimizer, RowWiseAdagrad
 from .plan import (
     Calibration,
     EmbeddingShardingPlanner,
@@ -35,6 +35,8 @@ from .plan import (
 )
 from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
 from .model_parallel import DistributedModelParallel
+from .sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder, ModuleSharder
+from .sharding_env import ShardingEnv
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
 from .sharded_sequence import ShardedEmbeddingCollection
 from .sharded_table import ShardedTable
@@ -47,4 +49,5 @@ __all__ = [
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
     "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats", "DistributedModelParallel",
     "Calibration", "calibrate", "load_table_configs",
+    "EmbOptimType", "ShardingEnv", "ModuleSharder", "EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder",
 ]

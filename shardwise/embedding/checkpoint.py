@@ -29,7 +29,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-__all__ = ["save_sharded", "load_sharded", "checkpoint_state"]
+__all__ = ["save_sharded", "load_sharded", "checkpoint_state", "with_legacy_names"]
+
+# Fused-optimizer state names before they followed TorchRec's (``<t>.momentum1`` ...): checkpoints
+# written then still load, the old entries read into the new ones.
+_OLDER = {"momentum1": ("sum", "exp_avg"), "momentum2": ("exp_avg_sq",), "step": ("step",)}
 
 
 def checkpoint_state(module) -> dict:
@@ -57,6 +61,34 @@ def _tensor_entries(state: dict, prefix: str = "") -> dict:
             out.update(_tensor_entries(v, key + "."))
         elif isinstance(v, torch.Tensor):
             out[key] = v
+    return out
+
+
+def with_legacy_names(state: dict, saved_keys, prefix: str = "") -> dict:
+    """``state`` (nested dicts of tensors, as DCP loads) with each fused-optimizer entry that the
+    checkpoint lacks (``...<t>.momentum1``) renamed to its older name where the checkpoint has that
+    (``...sum``); the tensors are the same objects, so loading the result fills ``state``.
+
+    Example:
+        >>> import torch
+        >>> osd = {"state": {"embedding_bags.t.weight": {"t.momentum1": torch.zeros(2)}}}
+        >>> with_legacy_names(osd, {"state.embedding_bags.t.weight.sum"})
+        {'state': {'embedding_bags.t.weight': {'sum': tensor([0., 0.])}}}
+    """
+    saved = set(saved_keys)
+    out = {}
+    for k, v in state.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out[k] = with_legacy_names(v, saved, key + ".")
+            continue
+        name = k
+        if key not in saved and "." in k:
+            for old in _OLDER.get(k.rsplit(".", 1)[1], ()):
+                if f"{prefix}{old}" in saved:
+                    name = old
+                    break
+        out[name] = v
     return out
 
 
@@ -97,7 +129,9 @@ def load_sharded(path, module) -> None:
     """
     reader = dcp.FileSystemReader(os.fspath(path))
     state = checkpoint_state(module)
-    _check_against(reader.read_metadata(), state, path)
-    dcp.load(state, checkpoint_id=os.fspath(path))
+    metadata = reader.read_metadata()
+    mapped = with_legacy_names(state, metadata.state_dict_metadata)
+    _check_against(metadata, mapped, path)
+    dcp.load(mapped, checkpoint_id=os.fspath(path))
     # the step counts live in the optimizer state; this also sets them in every store
     module.fused_optimizer.load_state_dict(state["optim"])

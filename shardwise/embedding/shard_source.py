@@ -60,7 +60,7 @@ def _digest(t: torch.Tensor) -> list:
     return list(h.digest()[:8])
 
 
-def check_or_broadcast(ebc, topo, src_rank: Optional[int]) -> None:
+def check_or_broadcast(ebc, topo, src_rank: Optional[int], where: str = "shard()") -> None:
     """Collective over the mesh's group: make sure every rank copies shards out of the same tables."""
     if ebc.is_meta:
         return
@@ -83,10 +83,10 @@ def check_or_broadcast(ebc, topo, src_rank: Optional[int]) -> None:
             differ[n] = ranks
     if differ:
         which = ", ".join(f"{n!r} on ranks {r}" for n, r in differ.items())
-        raise ValueError(f"shard(): the unsharded tables differ across ranks ({which} "
+        raise ValueError(f"{where}: the unsharded tables differ across ranks ({which} "
                          f"differ from rank 0), so the shards would mix different models; build the collection "
                          f"with the same init_seed and weights on every rank, build it on the meta device, or pass "
-                         f"shard(..., src_rank=0) to broadcast rank 0's tables first")
+                         f"src_rank=0 to broadcast rank 0's tables first")
 
 
 def _weight_dtypes(ebc) -> dict:
@@ -105,7 +105,8 @@ def check_one_dtype(ebc, where: str = "shard()") -> None:
                          f"dtype), or shard the tables of each dtype in a collection of their own")
 
 
-def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_division=True) -> None:
+def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_division=True, settings=None,
+                          where: str = "shard()") -> None:
     """Ranks given other tables, weight dtypes or another plan would build other routing and exchange
     garbage in the first forward; one all-gather of a digest makes them all raise here instead. Then,
     alike on every rank and before anything changes, the tables must share one weight dtype."""
@@ -113,6 +114,9 @@ def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_divisio
     text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(list(_weight_dtypes(ebc).values()))
     text += repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank, gradient_division))
     text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
+    # the optimizer settings decide the groups of tables, hence the collectives of every step
+    text += repr(sorted((t, None if s is None else (s[0].name, sorted((k, repr(v)) for k, v in s[1].items())))
+                        for t, s in (settings or {}).items()))
     digest = list(hashlib.sha256(text.encode()).digest()[:16])
     # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
     # would otherwise run the check itself on different groups and wait there
@@ -121,7 +125,8 @@ def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_divisio
     rows = all_gather_ints(digest, n, group, topo.device)
     differ = [r for r in range(n) if rows[r] != rows[0]]
     if differ:
-        raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
-                         f"rank 0 (or tables whose weights differ in dtype); every rank must call shard() with the "
-                         f"same table configs, weight dtypes, plan, mesh, init_seed, src_rank and device (meta or not)")
-    check_one_dtype(ebc)
+        raise ValueError(f"{where}: ranks {differ} were given other tables, another plan or another mesh than "
+                         f"rank 0 (or other optimizers, or tables whose weights differ in dtype); every rank must call "
+                         f"{where} with the same table configs, weight dtypes, plan, optimizers, mesh, init_seed, "
+                         f"src_rank and device (meta or not)")
+    check_one_dtype(ebc, where)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 from torch import nn
@@ -13,19 +14,20 @@ from ..sparse import KeyedJaggedTensor, KeyedTensor
 from .collection.bag_collection import EmbeddingBagCollection, check_features
 from .collection.variable_batch import split_variable_batch
 from .optim.fused import FusedOptimizer
-from .optim.rules import STATE_DTYPE, resolve_optimizer
-from .plan.values import ParameterSharding, ShardBox, ShardingType
+from .optim.rules import STATE_DTYPE
+from .optim.settings import describe, table_optimizers
+from .plan.values import ShardBox, ShardingType
 from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
 from .sharding.store import ShardStore
 from .sharding.exchange import PendingInput, start_groups
 from .sharding import SHARDERS, Stages
-from .shard_source import check_or_broadcast, check_same_everywhere, shard_source, table_weight
+from .shard_source import shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
 from .batch_checks import batch_problem, raise_everywhere
 from .topology import Topology
 
-__all__ = ["ShardedEmbeddingBagCollection", "shard"]
+__all__ = ["ShardedEmbeddingBagCollection", "shard", "shard_resolved"]
 
 
 @dataclass
@@ -38,19 +40,23 @@ class _Group:
     replicated: bool
 
 
-def _check_plan(ebc: EmbeddingBagCollection, plan: dict) -> None:
-    if not isinstance(plan, dict):
-        raise TypeError(f"plan must be a dict {{table name: ParameterSharding}}, got {type(plan).__name__}")
-    names = [t.name for t in ebc.tables]
-    missing = [n for n in names if n not in plan]
-    extra = sorted(k for k in plan if k not in names)
-    if missing or extra:
-        raise ValueError(f"plan must place every table exactly once: missing {missing}, unknown {extra}; "
-                         f"tables are {names}")
-    for name in names:
-        if not isinstance(plan[name], ParameterSharding):
-            raise TypeError(f"plan[{name!r}] must be a ParameterSharding (e.g. table_wise(0)), "
-                            f"got {plan[name]!r}")
+def _param_groups(settings: dict, names: list) -> tuple:
+    """(rules, param-group dicts, {table: group index | None}): tables with the same optimizer setting
+    share one group, in table order (the same on every rank)."""
+    rules, groups, index, table_group = [], [], {}, {}
+    for n in names:
+        got = settings.get(n)
+        if got is None:
+            table_group[n] = None
+            continue
+        rule, hp = got
+        key = (rule.name, tuple(sorted((k, repr(v)) for k, v in hp.items())))
+        if key not in index:
+            index[key] = len(groups)
+            rules.append(rule)
+            groups.append({"params": [], **hp})
+        table_group[n] = index[key]
+    return rules, groups, table_group
 
 
 class ShardedEmbeddingBagCollection(nn.Module):
@@ -89,23 +95,29 @@ class ShardedEmbeddingBagCollection(nn.Module):
         self._total_dim = start
         self._mean_mask = [getattr(t, "pooling", "sum") == "mean" for t in self._tables for _ in t.feature_names]
         self._rows = {f: t.num_embeddings for t in self._tables for f in t.feature_names}
-        rule, hp = resolve_optimizer(optimizer) if optimizer is not None else (None, None)
+        settings = optimizer if isinstance(optimizer, dict) else table_optimizers(ebc, optimizer)
+        rules, groups, table_group = _param_groups(settings, [t.name for t in self._tables])
         self._compile = bool(compile_optimizer)
         # TorchRec's default: each rank's embedding gradient divided by the world size (the gradient of
         # the mean of per-rank losses, as DDP averages the dense part)
         self.gradient_division = bool(gradient_division)
         self._grad_scale = 1.0 / topo.world_size if gradient_division else 1.0
-        self._check_rule(rule, plan)
+        for i, rule in enumerate(rules):
+            self._check_rule(rule, {t: plan[t] for t, k in table_group.items() if k == i})
         weights = shard_source(ebc, self._tables)
         self._dtype = table_weight(ebc, self._tables[0].name).dtype
         # A leaf that every backward collective hangs on, so ranks without shards still take part.
         self._anchor = torch.empty(0, device=topo.device, requires_grad=True)
         self._groups: list[_Group] = []
-        for st in ShardingType:   # enum order: the same group order on every rank
-            tables = [t for t in self._tables if plan[t.name].sharding_type == st]
-            if tables:
-                self._groups.append(self._build_group(st, tables, plan, cols, weights, rule, hp))
-        self.fused_optimizer = FusedOptimizer(self, rule, hp)
+        self._warned_frozen = False
+        order = sorted(set(table_group.values()), key=lambda k: -1 if k is None else k)
+        for st in ShardingType:   # enum order, then optimizer group order: the same on every rank
+            for k in order:
+                tables = [t for t in self._tables if plan[t.name].sharding_type == st and table_group[t.name] == k]
+                if tables:
+                    rule, hp = (None, None) if k is None else (rules[k], groups[k])
+                    self._groups.append(self._build_group(st, tables, plan, cols, weights, rule, hp))
+        self.fused_optimizer = FusedOptimizer(self, rules, groups, table_group)
         # per-table id counts of every forward, for load_stats() / propose_rebalance()
         self._lookup_counter = LookupCounter(self._tables, topo.device, every=load_sample_every)
         self._prefetched: Optional[PendingInput] = None   # set by a pipeline: the next forward's batch
@@ -126,12 +138,33 @@ class ShardedEmbeddingBagCollection(nn.Module):
         store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
                            sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
                            dtype=self._dtype, grad_scale=self._grad_scale)
+        if rule is None:
+            store.no_rule_hook = self._warn_frozen
         stages = self._make_stages(sharder, routing, store)
         return _Group(st, spec, routing, store, stages, sharder.replicated)
 
     def _make_stages(self, sharder, routing: Routing, store: ShardStore) -> Stages:
         """The three stages of one group (pooled here; a subclass may return other output stages)."""
         return sharder.build(routing, self._topo, store, self._anchor, self._is_weighted, self._dtype)
+
+    def extra_repr(self) -> str:
+        """One line per table: shape, sharding type, ranks and optimizer (what ``print(model)`` shows)."""
+        plan, lines = self.sharding_plan(), []
+        for t in self._tables:
+            ps = plan[t.name]
+            rule, hp = self.fused_optimizer.table_rule(t.name)
+            opt = describe(rule, hp) if rule is not None else "no optimizer"
+            ranks = f"ranks {list(ps.ranks)}" if ps.ranks else "every rank"
+            lines.append(f"{t.name}: {t.num_embeddings}x{t.embedding_dim} {ps.sharding_type.value} on {ranks}, {opt}")
+        return f"world_size={self._topo.world_size}\n" + "\n".join(lines)
+
+    def _warn_frozen(self) -> None:
+        if not self._warned_frozen:
+            self._warned_frozen = True
+            bare = [t for t, k in self.fused_optimizer._table_group.items() if k is None]
+            warnings.warn(f"{type(self).__name__}: a backward reached tables {bare}, which have no optimizer (shard() "
+                          f"without optimizer= is forward-only), so their weights do not change; pass shard(..., "
+                          f"optimizer=...) or apply_optimizer_in_backward on their weights to train them", stacklevel=2)
 
     @property
     def tables(self):
@@ -346,54 +379,5 @@ class ShardedEmbeddingBagCollection(nn.Module):
         return missing, unexpected
 
 
-def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
-          compile_optimizer: bool = False, src_rank: Optional[int] = None,
-          gradient_division: bool = True, load_sample_every: int = 4) -> ShardedEmbeddingBagCollection:
-    """Shard ``ebc`` (an EmbeddingBagCollection, or an EmbeddingCollection: then a
-    :class:`~shardwise.embedding.ShardedEmbeddingCollection`) over ``mesh`` (default: all ranks of the
-    default process group) per ``plan``.
-
-    Each rank materialises only its own shards: copied out of ``ebc``'s tables when it was built with
-    storage (every table's digest is compared across ranks first and differing tables raise, unless
-    ``src_rank`` names a rank whose tables are broadcast to the others, in place), or drawn from the
-    seeded init when ``ebc`` was built with ``device="meta"`` (nothing the size of a table is ever
-    allocated; the values are the same as an eager build with the same ``init_seed``). ``optimizer`` is
-    fused into backward, e.g. ``functools.partial(torch.optim.Adagrad, lr=0.1)``.
-    ``gradient_division=True`` (TorchRec's default) divides every embedding gradient by the world
-    size: training then follows the mean of the per-rank losses, like DDP's dense gradients;
-    ``False`` keeps the sum (the gradient of the summed losses).
-    ``load_sample_every=k``: the lookup load that :meth:`~ShardedEmbeddingBagCollection.load_stats`
-    reports (for rebalancing) is counted on every k-th forward (the first after a reset always), so
-    the counting stays off the other steps; ``1`` counts every forward.
-    ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step); it is
-    opt-in because it is not a clear win over the default eager update in our benchmarks (see
-    docs/embedding.md), and the first step pays a compile of tens of seconds.
-
-    Example:
-        >>> import functools; from shardwise.embedding import EmbeddingBagConfig, row_wise, table_wise
-        >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, t, feature_names=[t + "_f"]) for t in ("t0", "t1")])
-        >>> sharded = shard(ebc, {"t0": table_wise(0), "t1": row_wise()},
-        ...                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))
-        >>> kjt = KeyedJaggedTensor(["t0_f", "t1_f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
-        >>> sharded(kjt).values().sum().backward()       # kjt: this rank's batch
-    """
-    from .sharded_sequence import EmbeddingCollection, ShardedEmbeddingCollection   # it subclasses ours
-
-    if not isinstance(ebc, (EmbeddingBagCollection, EmbeddingCollection)):
-        raise TypeError(f"shard() expects an EmbeddingBagCollection or an EmbeddingCollection, got "
-                        f"{type(ebc).__name__}")
-    _check_plan(ebc, plan)
-    topo = Topology.from_mesh(mesh)
-    if src_rank is not None and (not isinstance(src_rank, int) or isinstance(src_rank, bool)
-                                 or not 0 <= src_rank < topo.world_size):
-        raise ValueError(f"shard(): src_rank={src_rank!r} must be a rank of the mesh (0..{topo.world_size - 1}) or None")
-    if not isinstance(gradient_division, bool):
-        raise TypeError(f"shard(): gradient_division={gradient_division!r} must be True (divide by the world "
-                        f"size, TorchRec's default) or False (sum)")
-    if not isinstance(load_sample_every, int) or isinstance(load_sample_every, bool) or load_sample_every < 1:
-        raise ValueError(f"shard(): load_sample_every={load_sample_every!r} must be an int >= 1 (count the lookup "
-                         f"load on every k-th forward; 1 = every forward)")
-    check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
-    check_or_broadcast(ebc, topo, src_rank)
-    cls = ShardedEmbeddingCollection if isinstance(ebc, EmbeddingCollection) else ShardedEmbeddingBagCollection
-    return cls(ebc, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)
+# shard() is this module's entry point; it lives in shard_api.py (kept here for imports and examples)
+from .shard_api import shard, shard_resolved  # noqa: E402

@@ -132,5 +132,9 @@ def load_checkpoint(path, state: dict) -> dict:
     if not (path / MARKER).is_file():
         raise ValueError(f"{path} is not a committed checkpoint (no {MARKER} marker); it was cut off mid-save. "
                          f"Resume from an older step_* folder or start without --resume")
-    dcp.load(state, checkpoint_id=str(path))
+    # fused-optimizer state saved under its older names (before TorchRec's <t>.momentum1) still loads
+    from ..embedding.checkpoint import with_legacy_names
+
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    dcp.load(with_legacy_names(state, saved), checkpoint_id=str(path))
     return read_meta(path)

@@ -177,13 +177,13 @@ def half_tables(rank, world):
         half = mods[dt]
         sd, opt = half.state_dict(), half.fused_optimizer.state_dict()["state"]
         w = sd["embedding_bags.t_a.weight"].full_tensor()
-        s = opt["embedding_bags.t_a.weight"]["sum"].full_tensor()
+        s = opt["embedding_bags.t_a.weight"]["t_a.momentum1"].full_tensor()
         err = max((mods[dt + "/sgd"].state_dict()[k].full_tensor().float() - v.full_tensor()).abs().max().item()
                   for k, v in mods["FP32/sgd"].state_dict().items())
         before = {k: v.full_tensor() for k, v in sd.items()}
         stats = reshard(half, {t: table_wise((i + 1) % world) for i, (t, *_) in enumerate(common.TABLES)})
         after = {k: v.full_tensor() for k, v in half.state_dict().items()}
-        sums = half.fused_optimizer.state_dict()["state"]["embedding_bags.t_a.weight"]["sum"].full_tensor()
+        sums = half.fused_optimizer.state_dict()["state"]["embedding_bags.t_a.weight"]["t_a.momentum1"].full_tensor()
         out[dt] = (str(w.dtype), str(s.dtype), err, all(torch.equal(before[k], after[k]) for k in before),
                    torch.equal(s, sums), stats.bytes_sent)
     return out

@@ -50,7 +50,7 @@ def _dense_reference(opt_factory, weight, batches, scale):
     return param.detach()
 
 
-@pytest.mark.parametrize("opt_name", ["sgd", "adagrad", "adam", "row_wise_adagrad"])
+@pytest.mark.parametrize("opt_name", ["sgd", "adagrad", "adam", "adamw", "row_wise_adagrad"])
 @pytest.mark.parametrize("compiled", [False, True])
 def test_blocked_backward_update_matches_dense_optimizer(opt_name, compiled, monkeypatch):
     """The fused backward's update over blocks of touched rows (here 7 rows a block, ragged last)
@@ -66,6 +66,7 @@ def test_blocked_backward_update_matches_dense_optimizer(opt_name, compiled, mon
     factory = {"sgd": functools.partial(torch.optim.SGD, lr=0.3),
                "adagrad": functools.partial(torch.optim.Adagrad, lr=0.3),
                "adam": functools.partial(torch.optim.Adam, lr=0.05),
+               "adamw": functools.partial(torch.optim.AdamW, lr=0.05, weight_decay=0.5),
                "row_wise_adagrad": functools.partial(RowWiseAdagrad, lr=0.3)}[opt_name]
     g = torch.Generator().manual_seed(3)
     weight = torch.randn(60, 8, generator=g)
@@ -90,4 +91,9 @@ def test_blocked_backward_update_matches_dense_optimizer(opt_name, compiled, mon
     assert torch.equal(blocked, whole)
     want = _dense_reference(factory, weight, batches, 0.5)
     assert (want - weight).abs().max() > 1e-2   # the update moved the table
+    if opt_name == "adamw":   # dense AdamW decays every row; the fused one (as FBGEMM's) the touched rows only
+        touched = torch.zeros(60, dtype=torch.bool)
+        touched[ids] = True
+        assert torch.equal(blocked[~touched], weight[~touched]) and not torch.equal(want[~touched], weight[~touched])
+        blocked, want = blocked[touched], want[touched]
     torch.testing.assert_close(blocked, want, rtol=1e-5, atol=1e-6)

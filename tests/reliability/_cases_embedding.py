@@ -203,8 +203,8 @@ def optim_load_steps_differ(rank, world):
     s = _sharded()
     _train_one_step(s)
     sd = s.fused_optimizer.state_dict()
-    sd["state"]["embedding_bags.ta.weight"]["sum"] = torch.ones(10, 4)
-    sd["state"]["embedding_bags.tb.weight"]["step"] = torch.tensor(5.0)
+    sd["state"]["embedding_bags.ta.weight"]["ta.momentum1"] = torch.ones(10, 4)
+    sd["state"]["embedding_bags.tb.weight"]["tb.step"] = torch.tensor(5.0)
     return lambda: s.fused_optimizer.load_state_dict(sd), _state(s)
 
 

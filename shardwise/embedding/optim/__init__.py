@@ -1,5 +1,7 @@
-"""Fused optimizers: the sparse update rules applied to touched rows in backward, and the
-``FusedOptimizer`` view of their state.
+"""Fused optimizers: the sparse update rules applied to touched rows in backward (``rules.py``),
+which table gets which (``settings.py``: ``apply_optimizer_in_backward``, ``optimizer=``,
+``fused_params`` with :class:`EmbOptimType`), and the ``FusedOptimizer`` (a torch optimizer in
+TorchRec's ``KeyedOptimizer`` shape) over their state.
 
 Example:
     >>> import functools, torch; from shardwise.embedding.optim import resolve_optimizer
@@ -10,5 +12,7 @@ Example:
 
 from .fused import FusedOptimizer
 from .rules import FusedRule, RowWiseAdagrad, resolve_optimizer
+from .settings import EmbOptimType, fused_params_optimizer, table_optimizers
 
-__all__ = ["FusedOptimizer", "FusedRule", "RowWiseAdagrad", "resolve_optimizer"]
+__all__ = ["FusedOptimizer", "FusedRule", "RowWiseAdagrad", "resolve_optimizer", "EmbOptimType",
+           "fused_params_optimizer", "table_optimizers"]

@@ -14,46 +14,9 @@ import torch
 
 STATE_DTYPE = torch.float32    # optimizer state and the update's arithmetic, whatever the weights' dtype
 
+from ...optim.rowwise_adagrad import RowWiseAdagrad
+
 __all__ = ["RowWiseAdagrad", "FusedRule", "resolve_optimizer"]
-
-
-class RowWiseAdagrad(torch.optim.Optimizer):
-    """Adagrad with one accumulator per embedding row (the mean of the row's squared gradient).
-
-    Saves ``dim``x the optimizer memory of Adagrad. Works densely on ordinary 2-D parameters too,
-    which is how its fused sharded version is tested.
-
-    Example:
-        >>> import functools
-        >>> opt = functools.partial(RowWiseAdagrad, lr=0.1)   # pass to shard(..., optimizer=opt)
-        >>> w = torch.nn.Parameter(torch.ones(3, 2))
-        >>> w.grad = torch.tensor([[1.0, 1.0], [0.0, 0.0], [2.0, 2.0]])
-        >>> opt([w]).step(); w.detach()[:, 0]   # each row moves by lr: g / sqrt(its mean g**2)
-        tensor([0.9000, 1.0000, 0.9000])
-    """
-
-    def __init__(self, params, lr: float = 0.01, eps: float = 1e-10, initial_accumulator_value: float = 0.0):
-        if lr <= 0 or eps < 0:
-            raise ValueError(f"RowWiseAdagrad: lr={lr} must be > 0 and eps={eps} >= 0")
-        super().__init__(params, dict(lr=lr, eps=eps, initial_accumulator_value=initial_accumulator_value))
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = closure() if closure is not None else None
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.dim() != 2:
-                    raise ValueError(f"RowWiseAdagrad needs 2-D parameters (rows x dim), got shape {tuple(p.shape)}")
-                state = self.state[p]
-                if not state:
-                    state["sum"] = torch.full((p.shape[0],), float(group["initial_accumulator_value"]),
-                                              dtype=p.dtype, device=p.device)
-                grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
-                rows = torch.arange(p.shape[0], device=p.device)
-                row_wise_adagrad_update(p, state, rows, grad, group)
-        return loss
 
 
 # Rows are unique, so gather (index_select) -> compute in place -> write back (index_copy_) is exact;
@@ -89,6 +52,12 @@ def adam_update(weight, state, rows, grad, hp):
     _add_rows(weight, rows, m.div_(denom), -step_size)
 
 
+def adamw_update(weight, state, rows, grad, hp):
+    # torch.optim.AdamW's decoupled decay, on the touched rows only (as FBGEMM's fused AdamW does)
+    weight.index_copy_(0, rows, weight.index_select(0, rows).mul_(1 - hp["lr"] * hp["weight_decay"]))
+    adam_update(weight, state, rows, grad, hp)
+
+
 def row_wise_adagrad_update(weight, state, rows, grad, hp):
     acc = state["sum"].index_select(0, rows) + (grad * grad).mean(dim=1)
     state["sum"].index_copy_(0, rows, acc)
@@ -122,6 +91,16 @@ def adam_kernel(weight, m_state, v_state, rows, grad, c):
     weight.index_add_(0, rows, (m / (v.sqrt() / c[3] + c[4]) * -c[2]).to(weight.dtype))
 
 
+def adamw_kernel(weight, m_state, v_state, rows, grad, c):
+    grad = grad * c[-1]
+    m = m_state.index_select(0, rows) * c[0] + grad * (1 - c[0])
+    v = v_state.index_select(0, rows) * c[1] + grad * grad * (1 - c[1])
+    m_state.index_copy_(0, rows, m)
+    v_state.index_copy_(0, rows, v)
+    decayed = weight.index_select(0, rows) * c[5]
+    weight.index_copy_(0, rows, (decayed - m / (v.sqrt() / c[3] + c[4]) * c[2]).to(weight.dtype))
+
+
 def row_wise_adagrad_kernel(weight, acc_state, rows, grad, c):
     grad = grad * c[-1]
     acc = acc_state.index_select(0, rows) + (grad * grad).mean(dim=1)
@@ -136,6 +115,10 @@ def _adagrad_coeffs(hp, step):
 def _adam_coeffs(hp, step):
     beta1, beta2 = hp["betas"]
     return [beta1, beta2, hp["lr"] / (1 - beta1 ** step), math.sqrt(1 - beta2 ** step), hp["eps"]]
+
+
+def _adamw_coeffs(hp, step):
+    return _adam_coeffs(hp, step) + [1 - hp["lr"] * hp["weight_decay"]]
 
 
 @dataclass(frozen=True)
@@ -166,6 +149,10 @@ _RULES = {
         "Adam", adam_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
         lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
         {"weight_decay": 0, "maximize": False, "amsgrad": False}, adam_kernel, _adam_coeffs),
+    torch.optim.AdamW: FusedRule(
+        "AdamW", adamw_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
+        lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
+        {"maximize": False, "amsgrad": False}, adamw_kernel, _adamw_coeffs),
     RowWiseAdagrad: FusedRule(
         "RowWiseAdagrad", row_wise_adagrad_update, {"sum": "row"},
         lambda hp: {"sum": hp["initial_accumulator_value"]}, {}, row_wise_adagrad_kernel,

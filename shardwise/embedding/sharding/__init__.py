@@ -9,7 +9,7 @@ Example:
 
 from ..plan.values import ShardingType
 from . import column_wise, data_parallel, row_wise, table_row_wise, table_wise
-from .base import LayoutTopology, Sharder, Stages
+from .base import LayoutTopology, ShardingKind, Stages
 
 SHARDERS: dict = {
     ShardingType.DATA_PARALLEL: data_parallel.SHARDER,
@@ -19,4 +19,4 @@ SHARDERS: dict = {
     ShardingType.TABLE_ROW_WISE: table_row_wise.SHARDER,
 }
 
-__all__ = ["SHARDERS", "Sharder", "Stages", "LayoutTopology"]
+__all__ = ["SHARDERS", "ShardingKind", "Stages", "LayoutTopology"]

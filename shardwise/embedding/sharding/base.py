@@ -7,7 +7,7 @@ from typing import Callable
 
 from ..plan.values import LayoutTopology, ShardBox, chunk_sizes  # noqa: F401  (LayoutTopology re-exported)
 
-__all__ = ["Sharder", "Stages", "LayoutTopology", "check_rank", "row_blocks"]
+__all__ = ["ShardingKind", "Stages", "LayoutTopology", "check_rank", "row_blocks"]
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Stages:
 
 
 @dataclass(frozen=True)
-class Sharder:
+class ShardingKind:
     """One sharding type, the single source of its shard boxes:
     ``layout(config, sharding, topology) -> [ShardBox]`` (every rank's boxes, empty ones included);
     ``sharding_of(boxes, topology) -> ParameterSharding`` (the inverse: the sharding those boxes came from);

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plan.values import ShardBox, chunk_sizes, column_wise
 from .stages import AllToAllOutputDist, GroupedLookup, InputDist
-from .base import Sharder, Stages, check_rank
+from .base import ShardingKind, Stages, check_rank
 
 
 def layout(table, ps, topo) -> list[ShardBox]:
@@ -26,4 +26,4 @@ def sharding_of(boxes, topo):
     return column_wise(tuple(b.rank for b in boxes))
 
 
-SHARDER = Sharder(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, build, sharding_of)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plan.values import ShardBox, data_parallel
 from .stages import GroupedLookup, InputDist, LocalOutputDist
-from .base import Sharder, Stages
+from .base import ShardingKind, Stages
 
 
 def layout(table, ps, topo) -> list[ShardBox]:
@@ -22,4 +22,4 @@ def sharding_of(boxes, topo):
     return data_parallel()
 
 
-SHARDER = Sharder(layout, build, sharding_of, local_only=True, replicated=True)
+SHARDER = ShardingKind(layout, build, sharding_of, local_only=True, replicated=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..plan.values import row_wise
 from .stages import GroupedLookup, InputDist, ReduceScatterOutputDist
-from .base import Sharder, Stages, check_rank, row_blocks
+from .base import ShardingKind, Stages, check_rank, row_blocks
 
 
 def layout(table, ps, topo):
@@ -23,4 +23,4 @@ def sharding_of(boxes, topo):
     return row_wise(tuple(b.rank for b in boxes))
 
 
-SHARDER = Sharder(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, build, sharding_of)

@@ -66,6 +66,7 @@ class ShardStore:
                                                     b.col_offset:b.col_offset + b.col_size])
         self.rule, self.hp, self.sync_group = rule, hp or {}, sync_group
         self.grad_scale = float(grad_scale)
+        self.no_rule_hook = lambda: None     # the owner's warning when a backward reaches tables without a rule
         # torch.compile fuses the gather/update/scatter passes into one loop (several times faster
         # on CPU) at a one-off compile cost; the kernel is the same math as the eager update.
         self.kernel = torch.compile(rule.kernel, dynamic=True) if (compiled and rule is not None) else None
@@ -93,6 +94,7 @@ class ShardStore:
     def apply_gradient(self, w: int, rows: torch.Tensor, grad_rows: torch.Tensor) -> None:
         """Sparse optimizer step on buffer ``w``: ``rows`` unique, ``grad_rows`` their summed gradients."""
         if self.rule is None:
+            self.no_rule_hook()
             return
         grad_rows = grad_rows.to(STATE_DTYPE)   # fp16/bf16 tables: the update runs in fp32, like the state
         if self.sync_group is not None:
@@ -110,6 +112,7 @@ class ShardStore:
         (allocations that size come fresh from the OS each step, one page fault per 4 KiB).
         """
         if self.rule is None:
+            self.no_rule_hook()
             return
         grouped = group_by_row(ids, offsets, psw, self.buffers[w].shape[0])
         rows = grouped[0]

@@ -10,7 +10,7 @@ import torch
 from .comm import AllToAll
 from ..plan.values import table_row_wise
 from .stages import AllToAllOutputDist, GroupedLookup, InputDist, Routed, _blocks, _send_buffer
-from .base import Sharder, Stages, row_blocks
+from .base import ShardingKind, Stages, row_blocks
 
 
 def layout(table, ps, topo):
@@ -76,4 +76,4 @@ def sharding_of(boxes, topo):
     return table_row_wise(list(topo.hosts).index(tuple(b.rank for b in boxes)))
 
 
-SHARDER = Sharder(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, build, sharding_of)

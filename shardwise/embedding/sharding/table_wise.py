@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..plan.values import ShardBox, table_wise
 from .stages import AllToAllOutputDist, GroupedLookup, InputDist
-from .base import Sharder, Stages, check_rank
+from .base import ShardingKind, Stages, check_rank
 
 
 def layout(table, ps, topo) -> list[ShardBox]:
@@ -22,4 +22,4 @@ def sharding_of(boxes, topo):
     return table_wise(boxes[0].rank)
 
 
-SHARDER = Sharder(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, build, sharding_of)

@@ -150,7 +150,7 @@ def dmp_worker(rank, world, plan_kind):
     model = Recommender()
     ref = copy.deepcopy(model)
     plan = None if plan_kind == "planner" else common.plans(world)["mixed"]       # a flat {table: sharding} plan
-    dmp = DistributedModelParallel(model, plan, mesh=mesh_for(world, 1), optimizer=common.SGD)
+    dmp = DistributedModelParallel(model, plan=plan, mesh=mesh_for(world, 1), optimizer=common.SGD)
     opt, ref_opt = common.SGD(dmp.parameters()), common.SGD(ref.parameters())
     for step in range(3):
         batches = common.rank_batches(world, step)
@@ -163,7 +163,7 @@ def dmp_worker(rank, world, plan_kind):
     sharded = dmp.sharded_modules["seq"]
     want = {f"embeddings.{n}.weight": ref.seq.embeddings[n].weight.detach() for n in common.NAMES}
     moved = common.max_diff(want, {k: v.detach() for k, v in Recommender().seq.state_dict().items()})
-    head = max((a - b).abs().max().item() for a, b in zip(dmp.module.module.head.parameters(), ref.head.parameters()))
+    head = max((a - b).abs().max().item() for a, b in zip(dmp.module.head.parameters(), ref.head.parameters()))
     return isinstance(sharded, ShardedEmbeddingCollection), common.max_diff(common.full_weights(sharded), want), \
         head, moved
 
