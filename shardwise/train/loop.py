@@ -24,7 +24,7 @@ from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, table_sizes
 from .data import PerRank, Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
-from .model import DenseArch, auc, make_ebc, make_tables
+from .model import DLRMDense, auc, make_ebc, make_tables
 from .report import Progress, console
 from .replan import describe, keep_plan
 from .pipeline import TrainPipeline
@@ -165,7 +165,7 @@ class Trainer:
         self.sparse = shard(ebc, self.plan, mesh=self.mesh, optimizer=opt, compile_optimizer=cfg.compile_update)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
-            arch = DenseArch(len(self.tables), cfg.dim).to(self.device)
+            arch = DLRMDense(len(self.tables), cfg.dim).to(self.device)
         self.dense = make_dense_runner(cfg.dense_parallel, arch, cfg.lr_dense, self.mesh)
         if meta is not None:
             self._load(meta)

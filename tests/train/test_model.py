@@ -8,18 +8,54 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from shardwise.train import checkpoint as ckpt
-from shardwise.train.model import DenseArch, auc
+from shardwise.train.model import DLRMDense, auc
 
 
 def test_dense_arch_interaction_matches_loops():
     torch.manual_seed(0)
-    arch = DenseArch(num_sparse=3, dim=4, bottom=(8,), top=(6,))
+    arch = DLRMDense(num_sparse=3, dim=4, bottom=(8,), top=(6,))
     dense, pooled = torch.randn(5, 13), torch.randn(5, 12)
-    x = arch.bottom(dense)
+    x = arch.dense_arch(dense)
     vecs = [x] + list(pooled.split(4, dim=1))
     dots = [(vecs[i] * vecs[j]).sum(1) for i, j in itertools.combinations(range(4), 2)]
-    want = arch.top(torch.cat([x, torch.stack(dots, 1)], 1)).squeeze(1)
+    want = arch.over_arch(torch.cat([x, torch.stack(dots, 1)], 1)).squeeze(1)
     torch.testing.assert_close(arch(dense, pooled), want)
+
+
+def _pre_zoo_layout(num_sparse, dim):
+    """The arch as plain torch layers before it was built from the zoo (Linear/ReLU sequences)."""
+    n = num_sparse + 1
+    bottom = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.ReLU(), torch.nn.Linear(64, dim), torch.nn.ReLU())
+    top = torch.nn.Sequential(torch.nn.Linear(dim + n * (n - 1) // 2, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32),
+                              torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    return torch.nn.ModuleDict({"bottom": bottom, "top": top})
+
+
+def test_zoo_built_arch_keeps_the_jobs_initial_values_outputs_and_gradients():
+    torch.manual_seed(5)
+    old = _pre_zoo_layout(3, 4)
+    torch.manual_seed(5)
+    arch = DLRMDense(num_sparse=3, dim=4)
+    assert [p.shape for p in arch.parameters()] == [p.shape for p in old.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(arch.parameters(), old.parameters()))   # same draws, same order
+    dense, pooled = torch.randn(6, 13), torch.randn(6, 12)
+    x = old["bottom"](dense)
+    feats = torch.cat([x.unsqueeze(1), pooled.reshape(6, 3, 4)], 1)
+    iu = torch.triu_indices(4, 4, offset=1)
+    want = old["top"](torch.cat([x, torch.bmm(feats, feats.transpose(1, 2))[:, iu[0], iu[1]]], 1)).squeeze(1)
+    got = arch(dense, pooled)
+    assert torch.equal(got, want)                                   # bit for bit
+    got.sum().backward(), want.sum().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(arch.parameters(), old.parameters()))
+
+
+def test_a_pre_zoo_state_dict_loads_with_its_keys_mapped():
+    old, arch = _pre_zoo_layout(2, 4), DLRMDense(num_sparse=2, dim=4)
+    state = {f"{k}": v for k, v in old.state_dict().items()}
+    assert "bottom.2.weight" in state and "top.4.bias" in state
+    arch.load_state_dict(state)
+    assert torch.equal(arch.over_arch.model[1].bias, old["top"][4].bias)
+    assert torch.equal(arch.dense_arch.model._mlp[1]._linear.weight, old["bottom"][2].weight)
 
 
 def _pair_auc(s, y):
