@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
+from ..embedding import GreedyShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
 from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, table_sizes
@@ -85,10 +85,10 @@ class Trainer:
         self._open_segment(meta, moves)
 
     # ---- setup ------------------------------------------------------------------------------------
-    def planner_for(self, world: int) -> EmbeddingShardingPlanner:
+    def planner_for(self, world: int) -> GreedyShardingPlanner:
         """The job's planner for ``world`` ranks (the report estimates earlier segments' plans with it)."""
         types = [ShardingType(t) for t in self.cfg.sharding_types or JOB_SHARDING_TYPES]
-        return EmbeddingShardingPlanner(world, self.memory_bytes, memory_flag="--memory-per-rank",
+        return GreedyShardingPlanner(world, self.memory_bytes, memory_flag="--memory-per-rank",
                                         batch_size_per_rank=self.cfg.batch_size, ids_per_bag=1.0,
                                         sharding_types=types, calibration=self.calibration)
 
