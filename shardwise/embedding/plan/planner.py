@@ -83,6 +83,9 @@ class GreedyShardingPlanner:
     ``bytes_per_element`` bytes each, if given) + optimizer state in fp32. ``ranks_per_host`` groups ranks
     into hosts (default: one host): bytes between hosts cost ``calibration.cross_host_factor`` more,
     and table-row-wise sums a table's partial rows inside one host before they cross.
+    ``table_sharding_types`` (``{table name: [types]}``) narrows the types of single tables; a table
+    left one type gets it even where the defaults would not offer it (data-parallel above
+    ``data_parallel_max_rows``, a one-block column-wise, row-wise on one rank).
 
     Example:
         >>> from shardwise.embedding import EmbeddingBagConfig
@@ -218,7 +221,7 @@ class GreedyShardingPlanner:
             host_load = [sum(load[r] for r in h) for h in self.topo.hosts]
             order = sorted(range(len(self.topo.hosts)), key=lambda h: (host_load[h], h))
             out += [table_row_wise(h) for h in order[:_FEW]]
-        if ShardingType.DATA_PARALLEL in types and t.num_embeddings <= self.dp_max_rows:
+        if ShardingType.DATA_PARALLEL in types and (t.num_embeddings <= self.dp_max_rows or len(types) == 1):
             out.append(data_parallel())
         return out
 

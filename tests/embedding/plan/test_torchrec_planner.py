@@ -122,3 +122,32 @@ def test_collective_plan_agrees_or_fails_on_every_rank():
     differ = run_on_ranks(_collective, 2, True)
     assert all("planned differently" in r for r in differ)
     assert table_wise(0).compute_kernel == "fused"
+
+
+def test_plan_shape_as_torchrecs():
+    """TorchRec 1.8's planner itself (its own interpreter; skipped with the reason when absent): the same
+    module paths and tables, and each constrained table of the type asked."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    peer = Path(os.environ.get("SHARDWISE_TORCHREC_PYTHON", "/work/torchrec-venv/bin/python"))
+    if not peer.exists():
+        pytest.skip(f"no TorchRec interpreter at {peer} (set SHARDWISE_TORCHREC_PYTHON)")
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    env.pop("PYTHONPATH", None)
+    script = Path(__file__).with_name("torchrec_plan_reference.py")
+    want = json.loads(subprocess.run([str(peer), str(script)], check=True, env=env, timeout=300,
+                                     capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    constraints = {"t0": ParameterConstraints(sharding_types=["table_wise"]),
+                   "t1": ParameterConstraints(sharding_types=["column_wise"]),
+                   "t2": ParameterConstraints(sharding_types=["data_parallel"])}
+    planner = EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu"), constraints=constraints)
+    model = torch.nn.Module()
+    model.sparse = torch.nn.ModuleDict({"ebc": _ebc()})
+    model.over = torch.nn.Linear(4, 1)
+    for name, module in (("nested", model), ("root", _ebc())):
+        got = {path: {t: ps.sharding_type.value for t, ps in per.items()}
+               for path, per in planner.plan(module, [_Sharder([x.value for x in ShardingType])]).plan.items()}
+        assert got == want[name], name
