@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import torch
@@ -23,7 +24,7 @@ from ..embedding import EmbeddingBagCollection, EmbeddingBagConfig
 from ..models.arches import DenseArch, InteractionArch, OverArch
 from .data import NUM_DENSE, SPARSE_NAMES
 
-__all__ = ["DLRMDense", "make_tables", "make_ebc", "auc"]
+__all__ = ["DLRMDense", "pre_zoo_names", "make_tables", "make_ebc", "auc"]
 
 
 class DLRMDense(nn.Module):
@@ -33,7 +34,8 @@ class DLRMDense(nn.Module):
     parameter names are those of ``DLRM`` without the ``sparse_arch``; the pooled embeddings come in
     as one B x (num_sparse * dim) tensor in feature order.
 
-    A state dict from before the zoo (``bottom.N`` / ``top.N`` keys) loads into it (keys mapped).
+    A state dict from before the zoo (``bottom.N`` / ``top.N`` keys) loads into it (keys mapped; the
+    job's checkpoints of that time likewise, see :func:`pre_zoo_names`).
 
     Example:
         >>> DLRMDense(num_sparse=2, dim=4, bottom=(8,), top=(8,))(torch.ones(3, 13), torch.ones(3, 8)).shape
@@ -50,7 +52,7 @@ class DLRMDense(nn.Module):
         self.inter_arch = InteractionArch(num_sparse_features=num_sparse)
         n = num_sparse + 1
         self.over_arch = OverArch(dim + n * (n - 1) // 2, [*top, 1])
-        self._legacy = _legacy_names(len(bottom) + 1, len(top))
+        self._legacy = {old: new for new, old in pre_zoo_names(n for n, _ in self.named_parameters()).items()}
         self._register_load_state_dict_pre_hook(self._map_legacy_keys)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
@@ -65,16 +67,27 @@ class DLRMDense(nn.Module):
                 state_dict[prefix + new] = state_dict.pop(key)
 
 
-def _legacy_names(n_bottom: int, n_top: int) -> dict:
-    """``bottom.{2i}.weight`` -> ``dense_arch.model._mlp.{i}._linear.weight`` and the top likewise
-    (the layers were ``nn.Sequential`` of Linear/ReLU pairs before the zoo)."""
+_ZOO_MLP = re.compile(r"^(dense_arch\.model|over_arch\.model\.0)\._mlp\.(\d+)\._linear\.(weight|bias)$")
+_ZOO_LAST = re.compile(r"^over_arch\.model\.1\.(weight|bias)$")
+
+
+def pre_zoo_names(names) -> dict:
+    """``{name: name before the zoo}`` for :class:`DLRMDense` parameter names: the layers were
+    ``nn.Sequential`` Linear/ReLU pairs, ``bottom.{2i}`` and ``top.{2i}`` (checkpoints of that time).
+
+    Example:
+        >>> pre_zoo_names([n for n, _ in DLRMDense(2, 4, bottom=(8,), top=(8,)).named_parameters()])["over_arch.model.1.bias"]
+        'top.2.bias'
+    """
+    names = list(names)
+    top_layers = sum(1 for n in names if _ZOO_MLP.match(n) and n.startswith("over_arch") and n.endswith("weight"))
     out = {}
-    for kind in ("weight", "bias"):
-        for i in range(n_bottom):
-            out[f"bottom.{2 * i}.{kind}"] = f"dense_arch.model._mlp.{i}._linear.{kind}"
-        for i in range(n_top):
-            out[f"top.{2 * i}.{kind}"] = f"over_arch.model.0._mlp.{i}._linear.{kind}"
-        out[f"top.{2 * n_top}.{kind}"] = f"over_arch.model.1.{kind}"
+    for n in names:
+        m, last = _ZOO_MLP.match(n), _ZOO_LAST.match(n)
+        if m:
+            out[n] = f"{'bottom' if m[1].startswith('dense') else 'top'}.{2 * int(m[2])}.{m[3]}"
+        elif last:
+            out[n] = f"top.{2 * top_layers}.{last[1]}"
     return out
 
 

@@ -93,3 +93,24 @@ def test_checkpoint_ignores_cut_off_saves(tmp_path):
     torch.testing.assert_close(target["w"], state["w"])
     ckpt.save_checkpoint(tmp_path, 40, {"w": torch.ones(6)}, {"step": 40})
     assert not (tmp_path / ".tmp-step_00000020").exists() and ckpt.latest(tmp_path).name == "step_00000040"
+
+
+def test_a_job_checkpoint_from_before_the_zoo_resumes(tmp_path):
+    # the job's dense state as it was saved before: {"params": {bottom.N...}, "opt": {name: Adam state}}
+    torch.manual_seed(1)
+    old = _pre_zoo_layout(2, 4)
+    saved = {"dense": {"params": {k: v.detach().clone() for k, v in old.named_parameters()},
+                       "opt": {k: {"step": torch.tensor(3.0), "exp_avg": torch.full_like(v, 0.5),
+                                   "exp_avg_sq": torch.full_like(v, 0.25)} for k, v in old.named_parameters()}}}
+    ckpt.save_checkpoint(tmp_path, 7, saved, {"step": 7})
+    arch = DLRMDense(num_sparse=2, dim=4)
+    template = {"dense": {"params": {n: torch.zeros_like(p) for n, p in arch.named_parameters()},
+                          "opt": {n: {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                      "exp_avg_sq": torch.zeros_like(p)} for n, p in arch.named_parameters()}}}
+    assert ckpt.load_checkpoint(ckpt.latest(tmp_path), template) == {"step": 7}
+    params = template["dense"]["params"]
+    assert sorted(params) == sorted(n for n, _ in arch.named_parameters())          # today's names
+    assert torch.equal(params["over_arch.model.1.weight"], old["top"][4].weight)
+    assert torch.equal(params["dense_arch.model._mlp.0._linear.bias"], old["bottom"][0].bias)
+    assert all(torch.equal(st["exp_avg_sq"], torch.full_like(st["exp_avg_sq"], 0.25)) and float(st["step"]) == 3.0
+               for st in template["dense"]["opt"].values())
