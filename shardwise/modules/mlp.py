@@ -63,7 +63,9 @@ def _activation_for_layer(activation):
         return activation
     try:
         made = activation()
-    except TypeError:   # a function of a tensor (it wants an argument): use it as the activation
+    except TypeError as e:   # a function of a tensor (it wants an argument): use it as the activation
+        if "positional argument" not in str(e):
+            raise
         return activation
     if not isinstance(made, nn.Module):
         raise ValueError(f"MLP: activation={activation!r} called without arguments returned a "

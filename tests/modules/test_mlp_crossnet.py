@@ -45,3 +45,11 @@ def test_crossnets_equal_their_formulas():
     torch.testing.assert_close(full(x0), x)
     with pytest.raises(ValueError, match="num_layers=-1"):
         LowRankCrossNet(5, num_layers=-1)
+
+
+def test_a_factory_that_fails_is_not_taken_for_a_tensor_function():
+    def broken_factory():
+        raise TypeError("unsupported operand type(s)")
+
+    with pytest.raises(TypeError, match="unsupported operand"):
+        MLP(4, [2], activation=broken_factory)

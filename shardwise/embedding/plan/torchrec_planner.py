@@ -166,13 +166,14 @@ def _collections(module, sharders, device_type: str) -> list:
     from ..collection import EmbeddingBagCollection, EmbeddingCollection
 
     kinds = (EmbeddingBagCollection, EmbeddingCollection)
-    found, skip = [], None
+    found, skip, seen = [], None, []
     for path, m in module.named_modules():
         if skip is not None and path.startswith(skip):
             continue
         if not isinstance(m, kinds):
             continue
         skip = path + "." if path else ""
+        seen.append(type(m).__name__)
         if sharders is None:
             found.append((path, m, None))
             continue
@@ -182,6 +183,10 @@ def _collections(module, sharders, device_type: str) -> list:
             types = {ShardingType(x) for s in mine for x in s.sharding_types(device_type)
                      if getattr(x, "value", x) in ShardingType._value2member_map_}
             found.append((path, m, types))
+    if seen and not found:
+        raise ValueError(f"no sharder takes any of the module's collections ({sorted(set(seen))}); the sharders' "
+                         f"module types are {[getattr(getattr(s, 'module_type', None), '__name__', None) for s in sharders]}"
+                         f" -- pass shardwise's EmbeddingBagCollectionSharder / EmbeddingCollectionSharder")
     return found
 
 

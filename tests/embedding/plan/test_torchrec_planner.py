@@ -90,6 +90,8 @@ def test_tables_of_the_same_name_in_two_collections():
 
 @pytest.mark.parametrize("make, match", [
     (lambda: EmbeddingShardingPlanner(proposer=object()), "proposer"),
+    (lambda: EmbeddingShardingPlanner(topology=Topology(world_size=2, compute_device="cpu")).plan(
+        _ebc(), [_Sharder(["table_wise"], module_type=EmbeddingCollection)]), "no sharder takes"),
     (lambda: EmbeddingShardingPlanner(constraints={"t0": ParameterConstraints(cache_params=1)}), "cache_params"),
     (lambda: EmbeddingShardingPlanner(constraints={"t0": ParameterConstraints(compute_kernels=["fused_uvm"])}),
      "one kernel"),
