@@ -19,7 +19,7 @@ from torch import nn
 
 from _launch import rss_per_rank
 
-__all__ = ["timed", "mean_loss", "local_bytes", "run_torchrec", "DenseArch"]
+__all__ = ["timed", "mean_loss", "local_bytes", "run_torchrec", "DLRMDense"]
 
 
 def timed(fns: dict, blocks: int, inner: int, warmup: int) -> dict:
@@ -64,31 +64,29 @@ def local_bytes(obj) -> int:
 
 
 # ---- TorchRec -------------------------------------------------------------------------------------
-class DenseArch(nn.Module):
-    """shardwise.train.model.DenseArch rewritten in plain torch (same parameter names and math)."""
+class DLRMDense(nn.Module):
+    """shardwise.train.model.DLRMDense built from TorchRec's own DLRM parts (the same parameter names,
+    initialisation order and math)."""
 
     def __init__(self, num_sparse: int, dim: int):
+        from torchrec.models.dlrm import DenseArch, InteractionArch, OverArch
+
         super().__init__()
         self.num_sparse, self.dim = num_sparse, dim
-        self.bottom = nn.Sequential(nn.Linear(13, 64), nn.ReLU(), nn.Linear(64, dim), nn.ReLU())
         n = num_sparse + 1
-        self.top = nn.Sequential(nn.Linear(dim + n * (n - 1) // 2, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
-                                 nn.Linear(32, 1))
-        iu = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("pair_index", iu[0] * n + iu[1], persistent=False)
+        self.dense_arch = DenseArch(13, [64, dim])
+        self.inter_arch = InteractionArch(num_sparse)
+        self.over_arch = OverArch(dim + n * (n - 1) // 2, [64, 32, 1])
 
     def forward(self, dense, pooled):
-        b = dense.shape[0]
-        x = self.bottom(dense)
-        feats = torch.cat([x.unsqueeze(1), pooled.reshape(b, self.num_sparse, self.dim)], dim=1)
-        dots = torch.bmm(feats, feats.transpose(1, 2)).reshape(b, -1)
-        return self.top(torch.cat([x, torch.index_select(dots, 1, self.pair_index)], dim=1)).squeeze(1)
+        x = self.dense_arch(dense)
+        return self.over_arch(self.inter_arch(x, pooled.reshape(dense.shape[0], self.num_sparse, self.dim))).squeeze(1)
 
 
 class TorchRecDLRM(nn.Module):
     """forward(batch) -> (loss, (loss, logits)): the shape TorchRec's train pipelines expect."""
 
-    def __init__(self, ebc, dense: DenseArch, keys: list):
+    def __init__(self, ebc, dense: DLRMDense, keys: list):
         super().__init__()
         self.ebc, self.dense, self.keys = ebc, dense, keys
 
@@ -125,7 +123,7 @@ def _torchrec_model(blob: dict, plan_kind: str):
     ebc = torchrec.EmbeddingBagCollection(tables=cfgs, device=torch.device("meta"))
     # eps: torch.optim.Adagrad's default, which the shardwise job uses (fbgemm's own is 1e-8)
     apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": blob["lr_sparse"], "eps": 1e-10})
-    dense = DenseArch(len(cfgs), blob["dim"])
+    dense = DLRMDense(len(cfgs), blob["dim"])
     dense.load_state_dict(blob["dense"])
     model = TorchRecDLRM(ebc, dense, blob["keys"])
     plan = _torchrec_plan(model, dist.get_world_size()) if plan_kind == "table_wise" else None

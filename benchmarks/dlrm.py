@@ -65,7 +65,7 @@ def prepare(path: str, world: int, batch: int, count: int) -> dict:
     from shardwise.train.budget import table_sizes
     from shardwise.train.config import TrainConfig
     from shardwise.train.data import default_cardinalities, open_data, to_model_inputs
-    from shardwise.train.model import DenseArch, make_tables
+    from shardwise.train.model import DLRMDense, make_tables
 
     cfg = TrainConfig()
     cards = table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows)
@@ -81,7 +81,7 @@ def prepare(path: str, world: int, batch: int, count: int) -> dict:
     tables = {name.split(".")[-2]: t.detach().clone() for name, t in ebc.state_dict().items()}
     with torch.random.fork_rng(devices=[]):     # the job's dense initialisation (train/loop.py)
         torch.manual_seed(cfg.seed + 1)
-        arch = DenseArch(len(cards), cfg.dim)
+        arch = DLRMDense(len(cards), cfg.dim)
     blob = {"batches": per_rank, "tables": tables, "dense": arch.state_dict(), "cards": cards, "dim": cfg.dim,
             "keys": list(kjt.keys()), "lr_sparse": cfg.lr_sparse, "lr_dense": cfg.lr_dense}
     torch.save(blob, path)

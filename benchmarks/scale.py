@@ -38,7 +38,7 @@ def table_sizes(total_bytes: int, dim: int, tables: int = 26) -> list[int]:
 
 
 def run(rank, world, args):
-    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingShardingPlanner, shard
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, GreedyShardingPlanner, shard
     from shardwise.sparse import KeyedJaggedTensor
 
     sizes = table_sizes(int(args.total_gb * GiB), args.dim)
@@ -46,7 +46,7 @@ def run(rank, world, args):
     t0 = time.perf_counter()
     ebc = EmbeddingBagCollection(cfgs, device="meta")
     build = time.perf_counter() - t0
-    planner = EmbeddingShardingPlanner(world, memory_per_rank_bytes=int(args.memory_gb * GiB),
+    planner = GreedyShardingPlanner(world, memory_per_rank_bytes=int(args.memory_gb * GiB),
                                        batch_size_per_rank=args.batch, ids_per_bag=args.ids_per_bag)
     plan = planner.plan(cfgs)
     t0 = time.perf_counter()

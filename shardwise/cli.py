@@ -209,7 +209,7 @@ def _plan_tables(ns) -> tuple:
 
 
 def _cmd_plan(ns) -> int:
-    from .embedding import Calibration, EmbeddingShardingPlanner
+    from .embedding import Calibration, GreedyShardingPlanner
     from .train.report import print_plan
 
     for name in ("tables", "rows", "dim", "world", "batch_size"):
@@ -226,7 +226,7 @@ def _cmd_plan(ns) -> int:
         except (OSError, ValueError) as e:
             raise ValueError(f"--calibration {ns.calibration!r}: {e}") from None
     tables, ids, types, title = _plan_tables(ns)
-    planner = EmbeddingShardingPlanner(ns.world, ns.memory, batch_size_per_rank=ns.batch_size,
+    planner = GreedyShardingPlanner(ns.world, ns.memory, batch_size_per_rank=ns.batch_size,
                                        ids_per_bag=ids, ranks_per_host=ns.ranks_per_host, sharding_types=types,
                                        calibration=cal, memory_flag="--memory-per-rank")
     plan = planner.plan(tables)

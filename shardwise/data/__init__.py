@@ -5,7 +5,7 @@ r"""Real click logs: Criteo-format files read with pyarrow, and prepared binary 
 - ``prepare``: converts files once into memory-mappable column files (optionally categorified);
   ``PreparedClickLogs`` reads such a folder.
 - ``open_click_logs``: a file, several files, or a prepared folder -> a reader with
-  ``batch(start, count) -> Batch`` over this rank's rows.
+  ``batch(start, count) -> ClickLogBatch`` over this rank's rows.
 - ``AgreedReader``: wraps a reader so a bad line on one rank raises on every rank.
 
 Example:

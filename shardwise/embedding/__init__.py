@@ -19,7 +19,12 @@ from .collection import (
 from .optim import EmbOptimType, FusedOptimizer, RowWiseAdagrad
 from .plan import (
     Calibration,
+    GreedyShardingPlanner,
     EmbeddingShardingPlanner,
+    EmbeddingModuleShardingPlan,
+    ParameterConstraints,
+    ShardingPlan,
+    Topology,
     ParameterSharding,
     PlanEstimate,
     ShardBox,
@@ -46,8 +51,9 @@ __all__ = [
     "BaseEmbeddingConfig", "EmbeddingConfig", "EmbeddingCollection", "ShardedEmbeddingCollection",
     "ShardingType", "ParameterSharding", "ShardBox",
     "data_parallel", "table_wise", "row_wise", "column_wise", "table_row_wise",
-    "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
+    "shard", "ShardedEmbeddingBagCollection", "GreedyShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
     "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats", "DistributedModelParallel",
     "Calibration", "calibrate", "load_table_configs",
     "EmbOptimType", "ShardingEnv", "ModuleSharder", "EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder",
+    "EmbeddingShardingPlanner", "EmbeddingModuleShardingPlan", "ParameterConstraints", "ShardingPlan", "Topology",
 ]

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from ..sparse import KeyedJaggedTensor
-from .topology import Topology
+from .topology import MeshTopology
 
 __all__ = ["batch_problem", "raise_everywhere"]
 
@@ -44,7 +44,7 @@ def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict) 
     return None
 
 
-def raise_everywhere(problem: Optional[str], bad_ranks: list, topo: Topology) -> None:
+def raise_everywhere(problem: Optional[str], bad_ranks: list, topo: MeshTopology) -> None:
     """Collective: every rank raises one ValueError carrying the bad ranks' own messages."""
     messages = [None] * topo.world_size
     dist.all_gather_object(messages, problem, group=topo.group)

@@ -44,13 +44,13 @@ from .collection.bag_collection import EmbeddingBagCollection
 from .collection.embedding_collection import EmbeddingCollection
 from .optim.rules import resolve_optimizer
 from .optim.settings import describe, table_optimizers
-from .plan.planner import EmbeddingShardingPlanner
+from .plan.planner import GreedyShardingPlanner
 from .plan.values import ParameterSharding
 from .sharded_collection import shard_resolved
 from .sharders import check_sharders, sharder_for
 from .sharding_env import ShardingEnv, mesh_for
 from .shard_source import check_one_dtype
-from .topology import Topology
+from .topology import MeshTopology
 
 __all__ = ["DistributedModelParallel"]
 
@@ -63,13 +63,13 @@ def _collections(module: nn.Module) -> dict:
             if isinstance(m, (EmbeddingBagCollection, EmbeddingCollection))}
 
 
-def _per_collection(plan: Any, found: dict, topo: Topology, planner) -> dict:
+def _per_collection(plan: Any, found: dict, topo: MeshTopology, planner) -> dict:
     """``{path: {table: ParameterSharding}}`` from TorchRec's per-module form (or an object with a
     ``.plan`` dict, TorchRec's ShardingPlan), a flat ``{table: ...}`` plan (table names unique across
     collections), or the planner (all tables at once)."""
     tables = {path: [t.name for t in ebc.tables] for path, ebc in found.items()}
     if plan is None:
-        planner = planner or EmbeddingShardingPlanner(topo.world_size, memory_per_rank_bytes=2**40)
+        planner = planner or GreedyShardingPlanner(topo.world_size, memory_per_rank_bytes=2**40)
         every = [t for ebc in found.values() for t in ebc.tables]
         plan = planner.plan(every)
     if not isinstance(plan, dict) and isinstance(getattr(plan, "plan", None), dict):
@@ -151,7 +151,7 @@ class DistributedModelParallel(nn.Module):
     def __init__(self, module: nn.Module, env: Optional[ShardingEnv] = None, device: Any = None,
                  plan: Any = None, sharders: Optional[list] = None, init_data_parallel: bool = True,
                  init_parameters: bool = True, data_parallel_wrapper: Any = None, *, mesh: Any = None,
-                 optimizer=None, planner: Optional[EmbeddingShardingPlanner] = None,
+                 optimizer=None, planner: Optional[GreedyShardingPlanner] = None,
                  data_parallel: Optional[bool] = None, **shard_kwargs):
         super().__init__()
         if isinstance(env, dict):
@@ -165,7 +165,7 @@ class DistributedModelParallel(nn.Module):
             raise ValueError(f"{_WHO}: {type(module).__name__} holds no EmbeddingBagCollection (or EmbeddingCollection) "
                              f"to shard; use DistributedDataParallel for a dense model")
         sharders = check_sharders(sharders, _WHO)
-        topo = Topology.from_mesh(mesh_for(env, device, mesh, _WHO))
+        topo = MeshTopology.from_mesh(mesh_for(env, device, mesh, _WHO))
         self.plan = _per_collection(plan, found, topo, planner)
         for path, ebc in found.items():     # before any collection of the model is replaced
             check_one_dtype(ebc, f"{_WHO}, collection {path or '(the model)'!r}")

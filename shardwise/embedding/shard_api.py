@@ -21,7 +21,7 @@ from .collection.bag_collection import EmbeddingBagCollection
 from .optim.settings import table_optimizers
 from .plan.values import ParameterSharding
 from .shard_source import check_or_broadcast, check_same_everywhere
-from .topology import Topology
+from .topology import MeshTopology
 
 __all__ = ["shard", "shard_resolved"]
 
@@ -85,11 +85,11 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
                         f"{type(ebc).__name__}")
     check_plan(ebc, plan)
     settings = table_optimizers(ebc, optimizer, fused_params, "shard()")
-    return shard_resolved(ebc, plan, Topology.from_mesh(mesh), settings, "shard()", compile_optimizer=compile_optimizer,
+    return shard_resolved(ebc, plan, MeshTopology.from_mesh(mesh), settings, "shard()", compile_optimizer=compile_optimizer,
                           src_rank=src_rank, gradient_division=gradient_division, load_sample_every=load_sample_every)
 
 
-def shard_resolved(ebc, plan: dict, topo: Topology, settings: dict, where: str, *, compile_optimizer: bool = False,
+def shard_resolved(ebc, plan: dict, topo: MeshTopology, settings: dict, where: str, *, compile_optimizer: bool = False,
                    src_rank: Optional[int] = None, gradient_division: bool = True, load_sample_every: int = 4):
     """:func:`shard` after the optimizer settings were resolved (``{table: (rule, hp) | None}``);
     errors name ``where`` (``shard()`` or ``DistributedModelParallel``). Collective."""

@@ -25,7 +25,7 @@ from .sharding import SHARDERS, Stages
 from .shard_source import shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
 from .batch_checks import batch_problem, raise_everywhere
-from .topology import Topology
+from .topology import MeshTopology
 
 __all__ = ["ShardedEmbeddingBagCollection", "shard", "shard_resolved"]
 
@@ -81,7 +81,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
     _prefix = "embedding_bags"   # state-dict keys: <_prefix>.<table>.weight (the unsharded module's names)
     _takes_variable_batch = True   # VBE batches (TorchRec's inverse_indices); the sequence module refuses them
 
-    def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: Topology, optimizer=None,
+    def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: MeshTopology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
         super().__init__()
         self._tables = ebc.tables

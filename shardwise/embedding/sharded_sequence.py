@@ -13,7 +13,7 @@ from __future__ import annotations
 from .collection.embedding_collection import EmbeddingCollection, check_sequence_features, sequence_output
 from .sharded_collection import ShardedEmbeddingBagCollection
 from .sharding.sequence import build_sequence
-from .topology import Topology
+from .topology import MeshTopology
 
 __all__ = ["ShardedEmbeddingCollection", "EmbeddingCollection"]
 
@@ -42,7 +42,7 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
     _prefix = "embeddings"
     _takes_variable_batch = False
 
-    def __init__(self, ec: EmbeddingCollection, plan: dict, topo: Topology, optimizer=None,
+    def __init__(self, ec: EmbeddingCollection, plan: dict, topo: MeshTopology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
         super().__init__(ec, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)
         self._need_indices = ec.need_indices()  # each output's weights are its feature's ids

@@ -75,13 +75,13 @@ class ModuleSharder:
         from .model_parallel import _settings
         from .shard_api import check_plan, shard_resolved
         from .sharding_env import mesh_for
-        from .topology import Topology
+        from .topology import MeshTopology
 
         who = f"{type(self).__name__}.shard"
         if not isinstance(module, self.module_type):
             raise TypeError(f"{who}: expects an {self.module_type.__name__}, got {type(module).__name__}")
         check_plan(module, params)
-        topo = Topology.from_mesh(mesh_for(env, device, None, who))
+        topo = MeshTopology.from_mesh(mesh_for(env, device, None, who))
         settings = _settings({"": module}, [self], None, {"": params}, who)[""]
         return shard_resolved(module, params, topo, settings, who)
 

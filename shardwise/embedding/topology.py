@@ -1,4 +1,5 @@
-"""Who is where: process group, rank, device and host grouping for a sharded collection."""
+"""Who is where: process group, rank, device and host grouping for a sharded collection
+(:class:`MeshTopology`; TorchRec's planner ``Topology`` is :class:`shardwise.embedding.plan.Topology`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch.distributed as dist
 
 from .._device import default_mesh, local_device
 
-__all__ = ["Topology"]
+__all__ = ["MeshTopology"]
 
 
 def _device_for(device_type: str) -> torch.device:
@@ -19,7 +20,7 @@ def _device_for(device_type: str) -> torch.device:
 
 
 @dataclass(frozen=True)
-class Topology:
+class MeshTopology:
     """Process group + the mesh it came from; ``hosts`` lists the ranks of each host (row of a 2-D mesh).
 
     Ranks here are ranks within ``group``.
@@ -35,7 +36,7 @@ class Topology:
     peer_group: Any = None      # the ranks with this rank's local index on every host, None on 1-D
 
     @staticmethod
-    def from_mesh(mesh: Optional[Any]) -> "Topology":
+    def from_mesh(mesh: Optional[Any]) -> "MeshTopology":
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("shard() needs an initialised torch.distributed process group; "
                                "call dist.init_process_group first")
@@ -59,6 +60,6 @@ class Topology:
         hosts = tuple(tuple(pos[g] for g in row) for row in rows)
         host_group = mesh.get_group(1) if mesh.ndim == 2 else None
         peer_group = mesh.get_group(0) if mesh.ndim == 2 else None
-        return Topology(group=group, mesh=mesh, rank=dist.get_rank(group), world_size=len(ranks),
+        return MeshTopology(group=group, mesh=mesh, rank=dist.get_rank(group), world_size=len(ranks),
                         device=_device_for(mesh.device_type), hosts=hosts, host_group=host_group,
                         peer_group=peer_group)

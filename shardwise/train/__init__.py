@@ -11,10 +11,10 @@ from .config import TrainConfig
 
 def __getattr__(name):
     # the pipeline imports torch.distributed and the embedding package: only on demand
-    if name == "TrainPipeline":
-        from .pipeline import TrainPipeline
-        return TrainPipeline
+    if name in ("TrainPipeline", "TrainPipelineSparseDist"):
+        from . import pipeline
+        return getattr(pipeline, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["TrainConfig", "TrainPipeline"]
+__all__ = ["TrainConfig", "TrainPipeline", "TrainPipelineSparseDist"]

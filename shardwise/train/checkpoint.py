@@ -132,9 +132,33 @@ def load_checkpoint(path, state: dict) -> dict:
     if not (path / MARKER).is_file():
         raise ValueError(f"{path} is not a committed checkpoint (no {MARKER} marker); it was cut off mid-save. "
                          f"Resume from an older step_* folder or start without --resume")
+    moved = _map_pre_zoo_dense(path, state)
     # fused-optimizer state saved under its older names (before TorchRec's <t>.momentum1) still loads
     from ..embedding.checkpoint import with_legacy_names
 
     saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     dcp.load(with_legacy_names(state, saved), checkpoint_id=str(path))
+    for section, new, old in moved:
+        state["dense"][section][new] = state["dense"][section].pop(old)
     return read_meta(path)
+
+
+def _map_pre_zoo_dense(path: Path, state: dict) -> list:
+    """A checkpoint written before the job's dense part was built from the model zoo holds its
+    parameters and Adam's state under the old names (``bottom.{2i}`` / ``top.{2i}``): point today's
+    names at them for the load (renamed back after)."""
+    dense = state.get("dense") if isinstance(state, dict) else None
+    if not isinstance(dense, dict) or not isinstance(dense.get("params"), dict):
+        return []
+    from .model import pre_zoo_names
+
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    moved = []
+    for new, old in pre_zoo_names(list(dense["params"])).items():
+        if f"dense.params.{new}" in saved or f"dense.params.{old}" not in saved:
+            continue
+        for section in ("params", "opt"):
+            if new in (dense.get(section) or {}):
+                dense[section][old] = dense[section].pop(new)
+                moved.append((section, new, old))
+    return moved

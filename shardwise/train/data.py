@@ -1,6 +1,6 @@
 """Click logs in Criteo's schema: a deterministic synthetic generator and a Criteo TSV reader.
 
-Both yield the same thing: ``batch(start, count) -> Batch`` for examples ``start .. start+count-1``
+Both yield the same thing: ``batch(start, count) -> ClickLogBatch`` for examples ``start .. start+count-1``
 of an endless stream (the TSV file is cycled), so every rank can read its own slice of a step and
 a resumed run continues from a saved cursor.
 
@@ -24,7 +24,7 @@ import torch
 from ..sparse import KeyedJaggedTensor
 
 __all__ = [
-    "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "Batch", "SyntheticClicks", "CriteoTSV",
+    "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "ClickLogBatch", "SyntheticClicks", "CriteoTSV",
     "default_cardinalities", "to_model_inputs", "open_data", "Rows",
 ]
 
@@ -42,9 +42,9 @@ _INT64_LIMIT = 2**63
 
 
 @dataclass
-class Batch:
+class ClickLogBatch:
     """Raw features: ``dense`` float32 [n, 13] (missing = 0), ``ids`` int64 [n, 26] (missing = -1),
-    ``labels`` float32 [n]."""
+    ``labels`` float32 [n]. (TorchRec's ``Batch`` of model inputs is :class:`shardwise.datasets.Batch`.)"""
 
     dense: np.ndarray
     ids: np.ndarray
@@ -90,7 +90,7 @@ class SyntheticClicks:
         scale = np.where(np.isin(np.arange(NUM_SPARSE), strong), 1.0, 0.15)
         self.effects = [hidden.normal(0.0, scale[j], c).astype(np.float32) for j, c in enumerate(self.cards)]
         self.bias = -1.0
-        self._cache: dict[int, Batch] = {}
+        self._cache: dict[int, ClickLogBatch] = {}
         self._flat = None
         self._cards_f = np.asarray(self.cards, dtype=np.float64)
         self._log_cards1 = np.log(self._cards_f + 1.0)
@@ -103,7 +103,7 @@ class SyntheticClicks:
             self._flat = (np.concatenate([x for e in self.effects for x in (zero, e)]), offsets)
         return self._flat
 
-    def _block(self, index: int) -> Batch:
+    def _block(self, index: int) -> ClickLogBatch:
         """Examples ``index * 256 ..`` (256 of them), drawn from their own seed: a sub-block never
         depends on which other sub-blocks were generated, so every rank and every world size sees
         the same examples."""
@@ -119,7 +119,7 @@ class SyntheticClicks:
         # floor(exp(u ln(card+1))) - 1 is a Zipf(1) law: row k drawn with probability ~ 1/(k+1)
         ids = np.minimum(np.floor(np.exp(u * self._log_cards1)) - 1.0, self._cards_f - 1).astype(np.int64)
         ids[rng.random((n, NUM_SPARSE)) < self.missing_rate] = -1
-        out = Batch(raw.astype(np.float32), ids, np.zeros(n, dtype=np.float32))
+        out = ClickLogBatch(raw.astype(np.float32), ids, np.zeros(n, dtype=np.float32))
         logit = hidden_model_logits(self, out)
         out.labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
         if len(self._cache) >= _CACHED_SUB_BLOCKS:
@@ -127,7 +127,7 @@ class SyntheticClicks:
         self._cache[index] = out
         return out
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         """Examples ``start .. start+count-1`` of the endless stream."""
         parts, pos, end = [], start, start + count
         while pos < end:
@@ -136,7 +136,7 @@ class SyntheticClicks:
             blk = self._block(b)
             parts.append((blk.dense[off:off + take], blk.ids[off:off + take], blk.labels[off:off + take]))
             pos += take
-        return Batch(*(np.concatenate(x) for x in zip(*parts)))
+        return ClickLogBatch(*(np.concatenate(x) for x in zip(*parts)))
 
 
 class CriteoTSV:
@@ -184,9 +184,9 @@ class CriteoTSV:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         idx = np.arange(start, start + count) % len(self.labels)
-        return Batch(self.dense[idx], self.ids[idx], self.labels[idx])
+        return ClickLogBatch(self.dense[idx], self.ids[idx], self.labels[idx])
 
 
 def _parse_line(line: str, line_no: int, name: str):
@@ -243,7 +243,7 @@ class PerRank:
     def __init__(self, reader, rank: int, world: int):
         self.reader, self.rank, self.world = reader, rank, world
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         return self.reader.batch(max(0, start - self.rank * count) // self.world, count)
 
     @property
@@ -269,7 +269,7 @@ class Rows:
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         n = len(self)
         idx = [self.start + (start + i) % n for i in range(count)]
         # contiguous runs, so the underlying reader serves slices
@@ -280,7 +280,7 @@ class Rows:
                 j += 1
             parts.append(self.data.batch(idx[i], j - i + 1))
             i = j + 1
-        return Batch(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]),
+        return ClickLogBatch(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]),
                      np.concatenate([p.labels for p in parts]))
 
 
@@ -312,7 +312,7 @@ def open_data(path, seed: int, cardinalities: Sequence[int]):
     return CriteoTSV(path) if path else SyntheticClicks(seed, cardinalities)
 
 
-def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple:
+def to_model_inputs(batch: ClickLogBatch, cardinalities: Sequence[int], device) -> tuple:
     """(dense [n, 13] = log1p(ints), KeyedJaggedTensor of C1..C26 (missing = empty bag), labels [n]).
 
     Example:
@@ -335,7 +335,7 @@ def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple
     return dense, kjt, torch.from_numpy(batch.labels).to(device)
 
 
-def hidden_model_logits(data: SyntheticClicks, batch: Batch) -> np.ndarray:
+def hidden_model_logits(data: SyntheticClicks, batch: ClickLogBatch) -> np.ndarray:
     """The generator's own logits for ``batch`` (the best any model can do; for sanity checks)."""
     ids = batch.ids
     bad = (ids < -1) | (ids >= np.asarray(data.cards))

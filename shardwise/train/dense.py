@@ -8,8 +8,8 @@ never interleaved with the embedding group's collectives) overlaps the embedding
 all-to-all and fused update. Both give the sparse side exactly the same gradient.
 
 Example:
-    >>> from shardwise.tensor import init_device_mesh; from shardwise.train.model import DenseArch
-    >>> arch = DenseArch(num_sparse=2, dim=4, bottom=(8,), top=(8,))
+    >>> from shardwise.tensor import init_device_mesh; from shardwise.train.model import DLRMDense
+    >>> arch = DLRMDense(num_sparse=2, dim=4, bottom=(8,), top=(8,))
     >>> runner = make_dense_runner("ddp", arch, lr=1e-3, mesh=init_device_mesh("cpu", (1,)))
     >>> dense, pooled, labels = torch.ones(3, 13), torch.ones(3, 8), torch.tensor([1.0, 0.0, 1.0])
     >>> loss, logits, grad_pooled = runner.step(dense, pooled, labels)
@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.func import functional_call
 
-from .model import DenseArch
+from .model import DLRMDense
 
 __all__ = ["make_dense_runner", "DDPRunner", "CompiledRunner"]
 
@@ -36,7 +36,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class _Runner:
-    def __init__(self, arch: DenseArch, lr: float, **adam):
+    def __init__(self, arch: DLRMDense, lr: float, **adam):
         self.arch = arch
         self.optimizer = torch.optim.Adam(arch.parameters(), lr=lr, **adam)
 
@@ -59,7 +59,7 @@ class _Runner:
 class DDPRunner(_Runner):
     """Eager DDP over its own process group (so its bucketed all-reduces stay off the embedding group)."""
 
-    def __init__(self, arch: DenseArch, lr: float, mesh):
+    def __init__(self, arch: DLRMDense, lr: float, mesh):
         # fused Adam: one kernel per parameter instead of a dozen ops each (a third of the default
         # implementation's time for this arch on CPU, same values within float rounding)
         super().__init__(arch, lr, fused=True)
@@ -109,7 +109,7 @@ class CompiledRunner(_Runner):
     """``shardwise.compile`` with ``DataParallel(style="replicate")``; each rank passes its own batch
     whole (``input_batch_dim=None``), the traced graph all-reduces and averages the gradients."""
 
-    def __init__(self, arch: DenseArch, lr: float, mesh):
+    def __init__(self, arch: DLRMDense, lr: float, mesh):
         super().__init__(arch, lr)
         from ..compile import DataParallel, compile as sw_compile
 
@@ -140,7 +140,7 @@ def _load_plain(arch, optimizer, state: dict) -> None:
         optimizer.state[params[n]] = {k: v.clone() for k, v in st.items()}
 
 
-def make_dense_runner(kind: str, arch: DenseArch, lr: float, mesh):
+def make_dense_runner(kind: str, arch: DLRMDense, lr: float, mesh):
     """``"compile"`` -> :class:`CompiledRunner`, ``"ddp"`` -> :class:`DDPRunner`."""
     if kind == "compile":
         return CompiledRunner(arch, lr, mesh)

@@ -18,13 +18,13 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
+from ..embedding import GreedyShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
 from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, table_sizes
 from .data import PerRank, Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
 from .dense import make_dense_runner
-from .model import DenseArch, auc, make_ebc, make_tables
+from .model import DLRMDense, auc, make_ebc, make_tables
 from .report import Progress, console
 from .replan import describe, keep_plan
 from .pipeline import TrainPipeline
@@ -85,10 +85,10 @@ class Trainer:
         self._open_segment(meta, moves)
 
     # ---- setup ------------------------------------------------------------------------------------
-    def planner_for(self, world: int) -> EmbeddingShardingPlanner:
+    def planner_for(self, world: int) -> GreedyShardingPlanner:
         """The job's planner for ``world`` ranks (the report estimates earlier segments' plans with it)."""
         types = [ShardingType(t) for t in self.cfg.sharding_types or JOB_SHARDING_TYPES]
-        return EmbeddingShardingPlanner(world, self.memory_bytes, memory_flag="--memory-per-rank",
+        return GreedyShardingPlanner(world, self.memory_bytes, memory_flag="--memory-per-rank",
                                         batch_size_per_rank=self.cfg.batch_size, ids_per_bag=1.0,
                                         sharding_types=types, calibration=self.calibration)
 
@@ -165,7 +165,7 @@ class Trainer:
         self.sparse = shard(ebc, self.plan, mesh=self.mesh, optimizer=opt, compile_optimizer=cfg.compile_update)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed + 1)
-            arch = DenseArch(len(self.tables), cfg.dim).to(self.device)
+            arch = DLRMDense(len(self.tables), cfg.dim).to(self.device)
         self.dense = make_dense_runner(cfg.dense_parallel, arch, cfg.lr_dense, self.mesh)
         if meta is not None:
             self._load(meta)

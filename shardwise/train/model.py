@@ -1,65 +1,94 @@
 """The DLRM-style model: bottom MLP on dense features, embedding bags on sparse ones, pairwise dot
-interaction, top MLP.
+interaction, top MLP -- built from the model zoo's parts (:mod:`shardwise.models.dlrm`, TorchRec's
+DLRM), so the job and a TorchRec-style ``DLRM`` share one model code path.
 
 The sparse part (a sharded EmbeddingBagCollection with its fused optimizer) and the dense part
-(:class:`DenseArch`, data parallel) are separate modules: the worker runs the dense step on the
+(:class:`DLRMDense`, data parallel) are separate modules: the worker runs the dense step on the
 pooled embeddings as an input and feeds the gradient of that input back into the sparse backward.
 
 Example:
-    >>> arch = DenseArch(num_sparse=26, dim=16)
+    >>> arch = DLRMDense(num_sparse=26, dim=16)
     >>> arch(torch.zeros(4, 13), torch.zeros(4, 26 * 16)).shape
     torch.Size([4])
 """
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import torch
 from torch import nn
 
 from ..embedding import EmbeddingBagCollection, EmbeddingBagConfig
+from ..models.arches import DenseArch, InteractionArch, OverArch
 from .data import NUM_DENSE, SPARSE_NAMES
 
-__all__ = ["DenseArch", "make_tables", "make_ebc", "auc"]
+__all__ = ["DLRMDense", "pre_zoo_names", "make_tables", "make_ebc", "auc"]
 
 
-def _mlp(sizes: Sequence[int], last_relu: bool) -> nn.Sequential:
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        layers.append(nn.Linear(a, b))
-        if last_relu or i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
+class DLRMDense(nn.Module):
+    """The dense half of TorchRec's ``DLRM``: ``dense_arch`` (13 -> ``bottom`` -> dim, ReLU after each
+    layer), ``inter_arch`` (the dense vector and the dot product of every pair among it and the
+    ``num_sparse`` pooled embeddings), ``over_arch`` (``top``, then one logit per example). Its
+    parameter names are those of ``DLRM`` without the ``sparse_arch``; the pooled embeddings come in
+    as one B x (num_sparse * dim) tensor in feature order.
 
-
-class DenseArch(nn.Module):
-    """Bottom MLP (13 -> ... -> dim), dot products of every pair among the dense vector and the
-    ``num_sparse`` pooled embeddings, then the top MLP down to one logit per example.
+    A state dict from before the zoo (``bottom.N`` / ``top.N`` keys) loads into it (keys mapped; the
+    job's checkpoints of that time likewise, see :func:`pre_zoo_names`).
 
     Example:
-        >>> DenseArch(num_sparse=2, dim=4, bottom=(8,), top=(8,))(torch.ones(3, 13), torch.ones(3, 8)).shape
+        >>> DLRMDense(num_sparse=2, dim=4, bottom=(8,), top=(8,))(torch.ones(3, 13), torch.ones(3, 8)).shape
         torch.Size([3])
     """
 
     def __init__(self, num_sparse: int, dim: int, bottom: Sequence[int] = (64,), top: Sequence[int] = (64, 32)):
         super().__init__()
+        if not top:
+            raise ValueError("DLRMDense: top=() leaves the over arch without a hidden layer; give at least one "
+                             "size, e.g. top=(64,)")
         self.num_sparse, self.dim = num_sparse, dim
-        self.bottom = _mlp([NUM_DENSE, *bottom, dim], last_relu=True)
+        self.dense_arch = DenseArch(NUM_DENSE, [*bottom, dim])
+        self.inter_arch = InteractionArch(num_sparse_features=num_sparse)
         n = num_sparse + 1
-        self.num_pairs = n * (n - 1) // 2
-        self.top = _mlp([dim + self.num_pairs, *top, 1], last_relu=False)
-        # Pair indices as a buffer (not recomputed per step) so traced graphs see a constant-shape input.
-        iu = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("pair_index", iu[0] * n + iu[1], persistent=False)
+        self.over_arch = OverArch(dim + n * (n - 1) // 2, [*top, 1])
+        self._legacy = {old: new for new, old in pre_zoo_names(n for n, _ in self.named_parameters()).items()}
+        self._register_load_state_dict_pre_hook(self._map_legacy_keys)
 
     def forward(self, dense: torch.Tensor, pooled: torch.Tensor) -> torch.Tensor:
-        b = dense.shape[0]
-        x = self.bottom(dense)
-        feats = torch.cat([x.unsqueeze(1), pooled.reshape(b, self.num_sparse, self.dim)], dim=1)
-        dots = torch.bmm(feats, feats.transpose(1, 2)).reshape(b, -1)
-        inter = torch.index_select(dots, 1, self.pair_index)
-        return self.top(torch.cat([x, inter], dim=1)).squeeze(1)
+        x = self.dense_arch(dense)
+        inter = self.inter_arch(x, pooled.reshape(dense.shape[0], self.num_sparse, self.dim))
+        return self.over_arch(inter).squeeze(1)
+
+    def _map_legacy_keys(self, state_dict, prefix, *args) -> None:
+        for key in [k for k in state_dict if k.startswith(prefix)]:
+            new = self._legacy.get(key[len(prefix):])
+            if new is not None:
+                state_dict[prefix + new] = state_dict.pop(key)
+
+
+_ZOO_MLP = re.compile(r"^(dense_arch\.model|over_arch\.model\.0)\._mlp\.(\d+)\._linear\.(weight|bias)$")
+_ZOO_LAST = re.compile(r"^over_arch\.model\.1\.(weight|bias)$")
+
+
+def pre_zoo_names(names) -> dict:
+    """``{name: name before the zoo}`` for :class:`DLRMDense` parameter names: the layers were
+    ``nn.Sequential`` Linear/ReLU pairs, ``bottom.{2i}`` and ``top.{2i}`` (checkpoints of that time).
+
+    Example:
+        >>> pre_zoo_names([n for n, _ in DLRMDense(2, 4, bottom=(8,), top=(8,)).named_parameters()])["over_arch.model.1.bias"]
+        'top.2.bias'
+    """
+    names = list(names)
+    top_layers = sum(1 for n in names if _ZOO_MLP.match(n) and n.startswith("over_arch") and n.endswith("weight"))
+    out = {}
+    for n in names:
+        m, last = _ZOO_MLP.match(n), _ZOO_LAST.match(n)
+        if m:
+            out[n] = f"{'bottom' if m[1].startswith('dense') else 'top'}.{2 * int(m[2])}.{m[3]}"
+        elif last:
+            out[n] = f"top.{2 * top_layers}.{last[1]}"
+    return out
 
 
 def make_tables(cardinalities: Sequence[int], dim: int) -> list[EmbeddingBagConfig]:

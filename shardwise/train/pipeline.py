@@ -35,12 +35,13 @@ import torch
 from ..embedding.sharded_collection import ShardedEmbeddingBagCollection
 from ..sparse import KeyedJaggedTensor
 
-__all__ = ["TrainPipeline", "move_to_device", "find_kjt"]
+__all__ = ["TrainPipeline", "TrainPipelineSparseDist", "move_to_device", "find_kjt"]
 
 
 def move_to_device(batch: Any, device: torch.device) -> Any:
     """``batch`` with every tensor and KeyedJaggedTensor on ``device`` (tuples, lists, dicts and
-    dataclasses are walked; anything already there is kept as it is, the same object)."""
+    dataclasses are walked; any other object with its own ``to(device, non_blocking)`` moves itself;
+    anything already there is kept as it is, the same object)."""
     if isinstance(batch, KeyedJaggedTensor):
         return batch if batch.values().device == device else batch.to(device)
     if isinstance(batch, torch.Tensor):
@@ -54,6 +55,8 @@ def move_to_device(batch: Any, device: torch.device) -> Any:
     if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
         return dataclasses.replace(batch, **{f.name: move_to_device(getattr(batch, f.name), device)
                                              for f in dataclasses.fields(batch) if f.init})
+    if callable(getattr(batch, "to", None)) and not isinstance(batch, type):   # TorchRec's Pipelineable batches
+        return batch.to(device, non_blocking=True)
     return batch
 
 
@@ -199,3 +202,67 @@ class TrainPipeline:
         if self._next is not None:
             self._next.pending.drop()
         self._next, self._done = None, False
+
+
+_NO_EFFECT = {"pipeline_postproc": False, "dmp_collection_sync_interval_batches": 1,
+              "enqueue_batch_after_forward": False, "enable_inplace_copy_batch": False,
+              "free_features_storage_early": False, "clear_data_dist_inputs": False}
+
+
+class TrainPipelineSparseDist(TrainPipeline):
+    """TorchRec's ``TrainPipelineSparseDist(model, optimizer, device)``: the same overlap as
+    :class:`TrainPipeline`, TorchRec's contract. ``model(batch)`` (or ``custom_model_fwd(batch)``)
+    returns ``(losses, output)``; while ``model.training``, each :meth:`progress` call runs
+    ``optimizer.zero_grad()``, the forward, ``losses.sum(0).backward()`` and ``optimizer.step()``; in
+    eval mode the forward alone. :meth:`progress` returns ``output`` (for ``DLRMTrain``:
+    ``(loss, logits, labels)``), where :class:`TrainPipeline` returns ``(loss, output)``.
+
+    Differences: ``apply_jit=True`` (TorchScript) is refused; ``execute_all_batches=False`` is refused
+    (every batch is trained); ``context_type`` and TorchRec's memory and scheduling switches
+    (``enqueue_batch_after_forward``, ``enable_inplace_copy_batch``, ...) are accepted and have no
+    effect here: the batch order and values are the same either way.
+
+    Example:
+        >>> import functools
+        >>> from shardwise.datasets import RandomRecDataset
+        >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, row_wise, shard
+        >>> from shardwise.models.dlrm import DLRM, DLRMTrain
+        >>> ebc = shard(EmbeddingBagCollection([EmbeddingBagConfig(100, 4, "t", feature_names=["f"])]),
+        ...             {"t": row_wise()}, optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+        >>> model = DLRMTrain(DLRM(ebc, dense_in_features=3, dense_arch_layer_sizes=[4], over_arch_layer_sizes=[4, 1]))
+        >>> dense = [p for n, p in model.named_parameters() if "sparse_arch" not in n]
+        >>> pipe = TrainPipelineSparseDist(model, torch.optim.SGD(dense, lr=0.1), torch.device("cpu"))
+        >>> it = iter(RandomRecDataset(["f"], batch_size=2, num_dense=3, manual_seed=0, num_batches=2))
+        >>> loss, logits, labels = pipe.progress(it)
+        >>> logits.shape
+        torch.Size([2])
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device,
+                 execute_all_batches: bool = True, apply_jit: bool = False, context_type=None,
+                 pipeline_postproc: bool = False, custom_model_fwd: Optional[Callable] = None, **switches):
+        unknown = sorted(set(switches) - set(_NO_EFFECT))
+        if unknown:
+            raise TypeError(f"TrainPipelineSparseDist: unknown arguments {unknown}; TorchRec's are "
+                            f"execute_all_batches, apply_jit, context_type, custom_model_fwd and {sorted(_NO_EFFECT)}")
+        if apply_jit:
+            raise ValueError("TrainPipelineSparseDist: apply_jit=True needs TorchScript, which shardwise does not "
+                             "support; leave it False (torch.compile the dense part instead)")
+        if not execute_all_batches:
+            raise ValueError("TrainPipelineSparseDist: execute_all_batches=False (drop the last batches) is not "
+                             "supported; every batch is trained")
+        if not isinstance(device, torch.device):
+            device = torch.device(device)
+        super().__init__(model, optimizer, device=device)
+        self._model_fwd = custom_model_fwd if custom_model_fwd is not None else model
+
+    def _train(self, batch):
+        training = self.model.training
+        if training and self.optimizer is not None:
+            self.optimizer.zero_grad()
+        losses, output = self._model_fwd(batch)
+        if training:
+            torch.sum(losses, dim=0).backward()
+            if self.optimizer is not None:
+                self.optimizer.step()
+        return output

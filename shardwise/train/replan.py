@@ -7,10 +7,10 @@ cannot fit the memory budget is the whole plan made afresh. Every decision is a 
 checkpoint and the world size, so every rank makes the same one.
 
 Example:
-    >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner
+    >>> from shardwise.embedding import EmbeddingBagConfig, GreedyShardingPlanner
     >>> tables = [EmbeddingBagConfig(5000, 4, f"t{i}", feature_names=[f"f{i}"]) for i in range(3)]
     >>> saved = {"t0": table_wise(0), "t1": table_wise(1), "t2": table_wise(2)}     # saved on 3 ranks
-    >>> planner = EmbeddingShardingPlanner(2, 2**30)
+    >>> planner = GreedyShardingPlanner(2, 2**30)
     >>> plan, moves = keep_plan(saved, saved_world=3, world=2, tables=tables, planner=planner)
     >>> describe(plan["t0"]), describe(plan["t1"])                                  # kept in place
     ('table_wise[0]', 'table_wise[1]')
@@ -84,7 +84,7 @@ def keep_plan(saved: dict, saved_world: int, world: int, tables, planner) -> tup
     """``(plan, moves)`` for a run resumed on ``world`` ranks from a plan saved on ``saved_world``.
 
     ``moves`` maps each table that does not stay where it was to ``{"from", "to", "why"}`` (strings).
-    ``planner`` is an :class:`~shardwise.embedding.EmbeddingShardingPlanner` for ``world`` ranks.
+    ``planner`` is an :class:`~shardwise.embedding.GreedyShardingPlanner` for ``world`` ranks.
     """
     pinned = {t.name: _pinned(saved[t.name], saved_world) for t in tables}
     kept = {n: ps for n, ps in pinned.items() if not _missing_ranks(ps, world)}

@@ -206,11 +206,11 @@ def planner_plan_runs(rank, world, data_type="FP32"):
     every table's weights in ``data_type`` (the optimizer state stays fp32)."""
     import dataclasses
 
-    from shardwise.embedding import EmbeddingBagCollection, EmbeddingShardingPlanner
+    from shardwise.embedding import EmbeddingBagCollection, GreedyShardingPlanner
 
     tables = [dataclasses.replace(t, data_type=data_type) for t in common.make_ebc().tables]
     ebc = EmbeddingBagCollection(tables, init_seed=9)
-    planner = EmbeddingShardingPlanner(world, 600, batch_size_per_rank=3, ids_per_bag=1.5, optimizer="adagrad",
+    planner = GreedyShardingPlanner(world, 600, batch_size_per_rank=3, ids_per_bag=1.5, optimizer="adagrad",
                                        data_parallel_max_rows=4)
     plan = planner.plan(ebc.tables)
     est = planner.estimate(plan, ebc.tables)

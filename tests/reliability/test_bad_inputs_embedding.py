@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner, row_wise, table_wise
+from shardwise.embedding import EmbeddingBagConfig, GreedyShardingPlanner, row_wise, table_wise
 from shardwise.embedding.plan import column_wise
 from shardwise.testing import run_on_ranks
 
@@ -76,18 +76,18 @@ _TABLES = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embed
 
 
 @pytest.mark.parametrize("make, exc, fragment", [
-    (lambda: EmbeddingShardingPlanner(0, 2**20), ValueError, "world_size=0"),
-    (lambda: EmbeddingShardingPlanner(2, -1), ValueError, "memory_per_rank_bytes"),
-    (lambda: EmbeddingShardingPlanner(2, [2**20]), ValueError, "one per rank (2)"),
-    (lambda: EmbeddingShardingPlanner(2, 2**20, optimizer="lion"), ValueError, "unknown to the planner"),
-    (lambda: EmbeddingShardingPlanner(2, 1000).plan(_TABLES), ValueError, "t2"),
-    (lambda: EmbeddingShardingPlanner(2, 2**20).plan([]), ValueError, "at least one"),
-    (lambda: EmbeddingShardingPlanner(2, 2**20).plan(["t0"]), TypeError, "EmbeddingBagConfig"),
-    (lambda: EmbeddingShardingPlanner(2, 2**20).estimate({"t0": row_wise()}, _TABLES), ValueError,
+    (lambda: GreedyShardingPlanner(0, 2**20), ValueError, "world_size=0"),
+    (lambda: GreedyShardingPlanner(2, -1), ValueError, "memory_per_rank_bytes"),
+    (lambda: GreedyShardingPlanner(2, [2**20]), ValueError, "one per rank (2)"),
+    (lambda: GreedyShardingPlanner(2, 2**20, optimizer="lion"), ValueError, "unknown to the planner"),
+    (lambda: GreedyShardingPlanner(2, 1000).plan(_TABLES), ValueError, "t2"),
+    (lambda: GreedyShardingPlanner(2, 2**20).plan([]), ValueError, "at least one"),
+    (lambda: GreedyShardingPlanner(2, 2**20).plan(["t0"]), TypeError, "EmbeddingBagConfig"),
+    (lambda: GreedyShardingPlanner(2, 2**20).estimate({"t0": row_wise()}, _TABLES), ValueError,
      "missing ['t1', 't2']"),
-    (lambda: EmbeddingShardingPlanner(2, 2**20).estimate(
+    (lambda: GreedyShardingPlanner(2, 2**20).estimate(
         {"t0": table_wise(2), "t1": row_wise(), "t2": row_wise()}, _TABLES), ValueError, "outside world_size 2"),
-    (lambda: EmbeddingShardingPlanner(2, 2**20).estimate(
+    (lambda: GreedyShardingPlanner(2, 2**20).estimate(
         {"t0": "rw", "t1": row_wise(), "t2": row_wise()}, _TABLES), TypeError, "ParameterSharding"),
     (lambda: column_wise([0, 0]), ValueError, "repeat a rank"),
     (lambda: table_wise(-1), ValueError, "non-negative int"),
@@ -103,7 +103,7 @@ def test_planner_and_plan_helpers_reject_bad_input(make, exc, fragment):
 
 def _plan_on_rank(rank, world):
     tables = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=500 * (i % 4 + 1), embedding_dim=8 * (i % 3 + 1), feature_names=[f"f{i}"]) for i in range(12)]
-    plan = EmbeddingShardingPlanner(world, 2**22, batch_size_per_rank=64).plan(tables)
+    plan = GreedyShardingPlanner(world, 2**22, batch_size_per_rank=64).plan(tables)
     return {name: repr(ps) for name, ps in plan.items()}
 
 

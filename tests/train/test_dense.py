@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from shardwise.testing import run_on_ranks, worker_mesh
-from shardwise.train.model import DenseArch
+from shardwise.train.model import DLRMDense
 
 STEPS, B, LR = 3, 6, 0.01
 
@@ -24,7 +24,7 @@ def _batches(world):
 
 def _arch():
     torch.manual_seed(3)
-    return DenseArch(num_sparse=4, dim=8, bottom=(16,), top=(16,))
+    return DLRMDense(num_sparse=4, dim=8, bottom=(16,), top=(16,))
 
 
 def _run_mode(rank, world, kind, method):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner, data_parallel, row_wise, table_wise
+from shardwise.embedding import EmbeddingBagConfig, GreedyShardingPlanner, data_parallel, row_wise, table_wise
 from shardwise.train.replan import describe, keep_plan, placements
 from shardwise.train.report import add_window, new_story, open_segment, run_counts
 
@@ -10,7 +10,7 @@ _TABLES = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embed
 
 
 def _planner(world, mb=64.0):
-    return EmbeddingShardingPlanner(world, int(mb * 2**20), batch_size_per_rank=64, ids_per_bag=1.0)
+    return GreedyShardingPlanner(world, int(mb * 2**20), batch_size_per_rank=64, ids_per_bag=1.0)
 
 
 def test_shrinking_keeps_what_still_fits_and_places_the_rest():

@@ -5,7 +5,7 @@ import functools
 import torch
 
 from shardwise.embedding import (
-    EmbeddingBagCollection, EmbeddingBagConfig, EmbeddingShardingPlanner, current_plan, row_wise, shard, table_wise,
+    EmbeddingBagCollection, EmbeddingBagConfig, GreedyShardingPlanner, current_plan, row_wise, shard, table_wise,
 )
 from shardwise.sparse import KeyedJaggedTensor
 from shardwise.testing import run_on_ranks
@@ -36,7 +36,7 @@ def _skewed_run(rank, world, max_bytes_per_rank, budget=None):
     for _ in range(3):
         sharded(kjt)
     stats = sharded.load_stats(reset=True)
-    planner = None if budget is None else EmbeddingShardingPlanner(world, budget, batch_size_per_rank=4)
+    planner = None if budget is None else GreedyShardingPlanner(world, budget, batch_size_per_rank=4)
     res = live_reshard(sharded, stats, plan, max_bytes_moved=1 << 20, max_bytes_per_rank=max_bytes_per_rank,
                        planner=planner, tables=ebc.tables)
     out = sharded(kjt).values()
@@ -93,7 +93,7 @@ def _four_tables_run(rank, world, budgets):
     for _ in range(2):
         sharded(kjt)
     stats = sharded.load_stats(reset=True)
-    planner = EmbeddingShardingPlanner(world, list(budgets), batch_size_per_rank=2)
+    planner = GreedyShardingPlanner(world, list(budgets), batch_size_per_rank=2)
     res = live_reshard(sharded, stats, plan, max_bytes_moved=1 << 20, planner=planner, tables=ebc.tables)
     out = sharded(kjt).values()
     return {"status": res.status, "reason": res.reason, "changes": sorted(res.changes), "before": stats.per_rank(),

@@ -131,6 +131,10 @@ class EmbeddingBagCollection(nn.Module):
     def tables(self) -> list[EmbeddingBagConfig]:
         return list(self._tables)
 
+    def embedding_bag_configs(self) -> list[EmbeddingBagConfig]:
+        """The table configs (TorchRec's name for :attr:`tables`)."""
+        return list(self._tables)
+
     @property
     def is_weighted(self) -> bool:
         return self._is_weighted

@@ -173,9 +173,9 @@ def calibrate(device: torch.device, group=None, measure: Optional[Callable[[], d
     micro-benchmark (returns :data:`_TIMED`'s figures); tests use it to give ranks different timings.
 
     Example:
-        >>> from shardwise.embedding import EmbeddingShardingPlanner
+        >>> from shardwise.embedding import GreedyShardingPlanner
         >>> cal = calibrate(torch.device("cpu"))
-        >>> planner = EmbeddingShardingPlanner(dist.get_world_size(), 2**30, calibration=cal)
+        >>> planner = GreedyShardingPlanner(dist.get_world_size(), 2**30, calibration=cal)
     """
     mine = (measure or (lambda: measure_local(device, group)))()
     world = dist.get_world_size(group)

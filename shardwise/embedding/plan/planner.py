@@ -13,7 +13,7 @@ from .values import (
     LayoutTopology, ParameterSharding, ShardBox, ShardingType, column_wise, data_parallel, row_wise, table_row_wise, table_wise,
 )
 
-__all__ = ["EmbeddingShardingPlanner", "PlanEstimate"]
+__all__ = ["GreedyShardingPlanner", "PlanEstimate", "rank_ranges"]
 
 def _table_list(tables) -> list:
     """The configs of a collection (anything with ``.tables``: an EmbeddingBagCollection, an
@@ -36,7 +36,7 @@ class PlanEstimate:
     Example:
         >>> from shardwise.embedding import EmbeddingBagConfig, row_wise
         >>> tables = [EmbeddingBagConfig(5000, 8, "t0", feature_names=["f"])]
-        >>> EmbeddingShardingPlanner(2, 2**30).estimate({"t0": row_wise()}, tables).memory   # weights + Adagrad
+        >>> GreedyShardingPlanner(2, 2**30).estimate({"t0": row_wise()}, tables).memory   # weights + Adagrad
         [160000, 160000]
     """
 
@@ -65,7 +65,7 @@ def rank_ranges(ranks) -> str:
     return ",".join(out)
 
 
-class EmbeddingShardingPlanner:
+class GreedyShardingPlanner:
     """Greedy planner for speed: biggest tables first, each to the candidate layout (table-wise on a
     rank, row-wise over all ranks, table-row-wise within one host, column-wise in blocks at least
     ``min_column_width`` wide inside one host, data-parallel up to ``data_parallel_max_rows`` rows)
@@ -83,12 +83,15 @@ class EmbeddingShardingPlanner:
     ``bytes_per_element`` bytes each, if given) + optimizer state in fp32. ``ranks_per_host`` groups ranks
     into hosts (default: one host): bytes between hosts cost ``calibration.cross_host_factor`` more,
     and table-row-wise sums a table's partial rows inside one host before they cross.
+    ``table_sharding_types`` (``{table name: [types]}``) narrows the types of single tables; a table
+    left one type gets it even where the defaults would not offer it (data-parallel above
+    ``data_parallel_max_rows``, a one-block column-wise, row-wise on one rank).
 
     Example:
         >>> from shardwise.embedding import EmbeddingBagConfig
         >>> tables = [EmbeddingBagConfig(10, 4, "small", feature_names=["f0"]),
         ...           EmbeddingBagConfig(5000, 8, "big", feature_names=["f1"])]
-        >>> planner = EmbeddingShardingPlanner(world_size=2, memory_per_rank_bytes=2**30)
+        >>> planner = GreedyShardingPlanner(world_size=2, memory_per_rank_bytes=2**30)
         >>> plan = planner.plan(tables)          # {table name: ParameterSharding}
         >>> print(planner.format_plan(plan, tables))
         table           sharding        ranks         rows x dim       MiB/shard
@@ -101,7 +104,8 @@ class EmbeddingShardingPlanner:
                  ids_per_bag=20.0, optimizer: str = "adagrad", bytes_per_element: Optional[int] = None,
                  data_parallel_max_rows: int = 1024, sharding_types: Optional[Sequence[ShardingType]] = None,
                  ranks_per_host: Optional[int] = None, min_column_width: int = 32,
-                 calibration: Optional[Calibration] = None, memory_flag: str = "memory_per_rank_bytes"):
+                 calibration: Optional[Calibration] = None, memory_flag: str = "memory_per_rank_bytes",
+                 table_sharding_types: Optional[dict] = None):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size={world_size!r} must be a positive int")
         mem = [memory_per_rank_bytes] * world_size if isinstance(memory_per_rank_bytes, (int, float)) \
@@ -135,6 +139,7 @@ class EmbeddingShardingPlanner:
         default = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE,
                    ShardingType.DATA_PARALLEL) + ((ShardingType.TABLE_ROW_WISE,) if len(self.topo.hosts) > 1 else ())
         self.types = tuple(sharding_types or default)
+        self.table_types = _check_table_types(table_sharding_types or {}, self.types)
 
     # ---- cost model ---------------------------------------------------------------------------
     def _ids(self, t: EmbeddingBagConfig) -> float:
@@ -192,12 +197,15 @@ class EmbeddingShardingPlanner:
     def _candidates(self, t: EmbeddingBagConfig, load: list[float], memory: list, types) -> list:
         """Layouts worth pricing for ``t``: where a layout's cost is the same on any rank (table-wise,
         column-wise in a host) only the least-loaded places and those with the most free memory."""
+        allowed = self.table_types.get(t.name)
+        if allowed is not None:
+            types = [x for x in types if x in allowed]
         by_load = sorted(range(self.world), key=lambda r: (load[r], r))
         by_free = sorted(range(self.world), key=lambda r: (memory[r] - self.memory[r], r))
         out = []
         if ShardingType.TABLE_WISE in types:
             out += [table_wise(r) for r in dict.fromkeys(by_load[:_FEW] + by_free[:_FEW])]
-        if ShardingType.ROW_WISE in types and self.world > 1:
+        if ShardingType.ROW_WISE in types and (self.world > 1 or ShardingType.TABLE_WISE not in types):
             out.append(row_wise())
         if ShardingType.COLUMN_WISE in types:
             # column blocks stay inside one host: each block serves every id, so spreading them
@@ -206,12 +214,14 @@ class EmbeddingShardingPlanner:
             hosts = sorted(self.topo.hosts, key=lambda h: (min(load[r] for r in h), h))
             for host in hosts[:_FEW]:
                 mine = sorted(host, key=lambda r: (load[r], r))
-                out += [column_wise(sorted(mine[:k])) for k in range(2, min(len(host), widest) + 1)]
+                # one block (the whole table on one rank) only where table-wise is not allowed
+                first = 1 if ShardingType.TABLE_WISE not in types else 2
+                out += [column_wise(sorted(mine[:k])) for k in range(first, min(len(host), max(widest, 1)) + 1)]
         if ShardingType.TABLE_ROW_WISE in types and len(self.topo.hosts) > 1:
             host_load = [sum(load[r] for r in h) for h in self.topo.hosts]
             order = sorted(range(len(self.topo.hosts)), key=lambda h: (host_load[h], h))
             out += [table_row_wise(h) for h in order[:_FEW]]
-        if ShardingType.DATA_PARALLEL in types and t.num_embeddings <= self.dp_max_rows:
+        if ShardingType.DATA_PARALLEL in types and (t.num_embeddings <= self.dp_max_rows or len(types) == 1):
             out.append(data_parallel())
         return out
 
@@ -268,6 +278,9 @@ class EmbeddingShardingPlanner:
                 key = (max(cost_after), sum(cost_after), max(mem_after))
                 if best_key is None or key < best_key:
                     best, best_key, best_state = (ps, boxes), key, (mem_after, cost_after)
+            if best is None and shortfall is None:
+                raise ValueError(f"table {t.name!r}: no layout among the types allowed for it in this search "
+                                 f"({[x.value for x in types]}, table_sharding_types {self.table_types.get(t.name)})")
             if best is None:
                 raise ValueError(
                     f"table {t.name!r} ({t.num_embeddings} x {t.embedding_dim}) does not fit: every layout "
@@ -327,6 +340,21 @@ class EmbeddingShardingPlanner:
 
     def print_plan(self, plan: dict, tables: Sequence[EmbeddingBagConfig]) -> None:
         print(self.format_plan(plan, tables))
+
+
+def _check_table_types(value: dict, types: tuple) -> dict:
+    """``{table: frozenset(ShardingType)}``: each table's allowed types, every one also allowed overall."""
+    out = {}
+    for name, allowed in dict(value).items():
+        try:
+            kinds = frozenset(ShardingType(x) for x in allowed)
+        except ValueError as e:
+            raise ValueError(f"table_sharding_types[{name!r}]: {e}; use {[x.value for x in ShardingType]}") from None
+        if not kinds & set(types):
+            raise ValueError(f"table_sharding_types[{name!r}]={sorted(k.value for k in kinds)} leaves the table no "
+                             f"layout: the planner allows only {[x.value for x in types]}")
+        out[name] = kinds
+    return out
 
 
 def _check_ids_per_bag(value) -> dict:

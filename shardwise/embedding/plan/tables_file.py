@@ -13,13 +13,13 @@ Example::
      {"name": "items", "rows": 500000, "dim": 64, "features": ["item_id", "last_items"], "ids_per_bag": 20},
      {"name": "country", "rows": 200, "dim": 16}]
 
-    >>> import os, tempfile; from shardwise.embedding import EmbeddingShardingPlanner
+    >>> import os, tempfile; from shardwise.embedding import GreedyShardingPlanner
     >>> tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "tables.json")
     >>> with open(path, "w") as f: _ = f.write('[{"name": "country", "rows": 200, "dim": 16, "ids_per_bag": 1}]')
     >>> tables, ids_per_bag = load_table_configs(path)
     >>> tables[0].num_embeddings, tables[0].feature_names, ids_per_bag
     (200, ('country',), {'country': 1.0})
-    >>> EmbeddingShardingPlanner(8, 2**34, ids_per_bag=ids_per_bag).plan(tables)["country"].sharding_type.value
+    >>> GreedyShardingPlanner(8, 2**34, ids_per_bag=ids_per_bag).plan(tables)["country"].sharding_type.value
     'data_parallel'
 """
 

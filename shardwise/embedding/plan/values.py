@@ -43,6 +43,13 @@ class ParameterSharding:
     ranks: Optional[tuple] = None
     host_index: Optional[int] = None
 
+    @property
+    def compute_kernel(self) -> str:
+        """TorchRec's kernel name: ``"fused"`` (the table's optimizer runs in the backward) for every
+        layout. TorchRec's data-parallel tables are ``"dense"`` (a dense optimizer updates them);
+        shardwise's data-parallel tables all-reduce the touched rows and update in the backward too."""
+        return "fused"
+
 
 @dataclass(frozen=True)
 class ShardBox:

@@ -19,7 +19,7 @@ from .comm import AllToAll
 from .routing import Routing
 from .stages import InputDist, Routed
 from .store import ShardStore
-from ..topology import Topology
+from ..topology import MeshTopology
 
 __all__ = ["SequenceLookup", "GroupedSequenceLookup", "SequenceOutputDist", "build_sequence"]
 
@@ -62,7 +62,7 @@ class SequenceOutputDist:
     slot's (first column, columns), all from the shared routing.
     """
 
-    def __init__(self, routing: Routing, topo: Topology, anchor: torch.Tensor, exchange: bool = True):
+    def __init__(self, routing: Routing, topo: MeshTopology, anchor: torch.Tensor, exchange: bool = True):
         self.routing, self.topo, self.anchor, self.exchange = routing, topo, anchor, exchange
         dests, keys, cols = [], [], []
         for d in sorted(routing.slots):          # the order of InputDist's slot tensors
@@ -127,7 +127,7 @@ class SequenceOutputDist:
         return sum(F.pad(b, (c0, self.dim - c0 - cs)) for c0, cs, b in blocks)
 
 
-def build_sequence(sharder, routing: Routing, topo: Topology, store: ShardStore, anchor: torch.Tensor,
+def build_sequence(sharder, routing: Routing, topo: MeshTopology, store: ShardStore, anchor: torch.Tensor,
                    dtype) -> Stages:
     """The sequence stages of one group of any sharding type (its routing comes from its boxes)."""
     exchange = not sharder.local_only

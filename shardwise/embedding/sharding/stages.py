@@ -17,7 +17,7 @@ from .bucketing import RowBucketing
 from .comm import AllToAll, ReduceScatter
 from .routing import Routing
 from .store import FusedLookup, ShardStore
-from ..topology import Topology
+from ..topology import MeshTopology
 
 __all__ = ["Routed", "InputDist", "GroupedLookup", "AllToAllOutputDist", "ReduceScatterOutputDist",
            "LocalOutputDist"]
@@ -44,7 +44,7 @@ class Routed:
 class InputDist:
     """Route a local KJT's ids to the ranks holding their shards (``exchange=False``: keep them local)."""
 
-    def __init__(self, routing: Routing, topo: Topology, weighted: bool, exchange: bool = True,
+    def __init__(self, routing: Routing, topo: MeshTopology, weighted: bool, exchange: bool = True,
                  dtype: torch.dtype = torch.float32, keep_positions: bool = False):
         self.routing, self.topo, self.weighted, self.exchange = routing, topo, weighted, exchange
         self.keep_positions = keep_positions
@@ -218,7 +218,7 @@ class AllToAllOutputDist:
     range from several row blocks are partial sums the caller adds.
     """
 
-    def __init__(self, routing: Routing, topo: Topology, anchor: torch.Tensor, dtype):
+    def __init__(self, routing: Routing, topo: MeshTopology, anchor: torch.Tensor, dtype):
         self.routing, self.topo, self.anchor, self.dtype = routing, topo, anchor, dtype
         self.slots = routing.output_slots(range(topo.world_size))
 
@@ -240,7 +240,7 @@ class ReduceScatterOutputDist(AllToAllOutputDist):
     otherwise, and on gloo where all-to-all is faster, it falls back to the all-to-all path.
     """
 
-    def __init__(self, routing: Routing, topo: Topology, anchor, dtype, force: Optional[bool] = None):
+    def __init__(self, routing: Routing, topo: MeshTopology, anchor, dtype, force: Optional[bool] = None):
         super().__init__(routing, topo, anchor, dtype)
         fast_backend = topo.device.type == "cuda" if force is None else force
         self.enabled = fast_backend and routing.uniform()
@@ -258,7 +258,7 @@ class ReduceScatterOutputDist(AllToAllOutputDist):
 class LocalOutputDist(AllToAllOutputDist):
     """Data-parallel: the pooled blocks are already on the sample owner."""
 
-    def __init__(self, routing: Routing, topo: Topology, anchor: torch.Tensor, dtype):
+    def __init__(self, routing: Routing, topo: MeshTopology, anchor: torch.Tensor, dtype):
         super().__init__(routing, topo, anchor, dtype)
         self.slots = routing.output_slots([topo.rank])
 

@@ -7,9 +7,9 @@ story by segments (start, resumes, restarts; see ``story.py``): nothing from two
 layouts is drawn side by side.
 
 Example:
-    >>> from shardwise.embedding import EmbeddingBagConfig, EmbeddingShardingPlanner
+    >>> from shardwise.embedding import EmbeddingBagConfig, GreedyShardingPlanner
     >>> tables = [EmbeddingBagConfig(5000, 4, "t0", feature_names=["f"])]
-    >>> planner = EmbeddingShardingPlanner(2, 2**30); plan = planner.plan(tables)
+    >>> planner = GreedyShardingPlanner(2, 2**30); plan = planner.plan(tables)
     >>> print_plan(planner, plan, tables, "sharding plan")     # a table: rows x dim, sharding, ranks, bytes, ms
     sharding plan
     ...

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shardwise.embedding import (
-    Calibration, EmbeddingBagConfig, EmbeddingShardingPlanner, ShardingType, calibrate, table_wise,
+    Calibration, EmbeddingBagConfig, GreedyShardingPlanner, ShardingType, calibrate, table_wise,
 )
 from shardwise.testing import run_on_ranks, worker_mesh
 
@@ -30,7 +30,7 @@ def _tables():
 
 
 def _planner(cal, world=2, memory=2**30, **kw):
-    return EmbeddingShardingPlanner(world, memory, batch_size_per_rank=256, ids_per_bag=1.0,
+    return GreedyShardingPlanner(world, memory, batch_size_per_rank=256, ids_per_bag=1.0,
                                     calibration=Calibration(**cal) if isinstance(cal, dict) else cal, **kw)
 
 
@@ -91,7 +91,7 @@ def test_calibration_json_and_errors():
     with pytest.raises(ValueError, match=r"Calibration.all_to_all_s_per_byte=-1.0 must be a finite number >= 0"):
         Calibration(**{**CHEAP_ALL_REDUCE, "all_to_all_s_per_byte": -1.0})
     with pytest.raises(TypeError, match="calibration=.* must be a Calibration"):
-        EmbeddingShardingPlanner(2, 2**30, calibration=CHEAP_ALL_REDUCE)
+        GreedyShardingPlanner(2, 2**30, calibration=CHEAP_ALL_REDUCE)
 
 
 def calibrate_and_plan(rank, world):

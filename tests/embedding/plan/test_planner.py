@@ -1,9 +1,9 @@
-"""EmbeddingShardingPlanner: balance, memory limits, validation, and its storage estimate vs real shards."""
+"""GreedyShardingPlanner: balance, memory limits, validation, and its storage estimate vs real shards."""
 
 import pytest
 
 from shardwise.embedding import (
-    EmbeddingBagConfig, EmbeddingShardingPlanner, ShardingType, row_wise, table_wise,
+    EmbeddingBagConfig, GreedyShardingPlanner, ShardingType, row_wise, table_wise,
 )
 from shardwise.testing import run_on_ranks
 
@@ -15,7 +15,7 @@ def _tables(n=4, rows=1000, dim=16):
 
 
 def test_equal_tables_are_balanced_over_ranks():
-    planner = EmbeddingShardingPlanner(2, 2**30, sharding_types=[ShardingType.TABLE_WISE])
+    planner = GreedyShardingPlanner(2, 2**30, sharding_types=[ShardingType.TABLE_WISE])
     tables = _tables()
     plan = planner.plan(tables)
     ranks = sorted(ps.ranks[0] for ps in plan.values())
@@ -29,7 +29,7 @@ def test_equal_tables_are_balanced_over_ranks():
 def test_memory_limit_forces_splitting():
     tables = _tables(n=1, rows=10_000, dim=16)
     one_table = 10_000 * 16 * 4 * 2        # weights + Adagrad state
-    planner = EmbeddingShardingPlanner(2, int(one_table * 0.6))
+    planner = GreedyShardingPlanner(2, int(one_table * 0.6))
     plan = planner.plan(tables)
     assert plan["t0"].sharding_type in (ShardingType.ROW_WISE, ShardingType.COLUMN_WISE)
     est = planner.estimate(plan, tables)
@@ -39,20 +39,20 @@ def test_memory_limit_forces_splitting():
 def test_impossible_plan_names_table_and_shortfall():
     tables = _tables(n=2, rows=10_000, dim=16)
     one_table = 10_000 * 16 * 4 * 2
-    planner = EmbeddingShardingPlanner(2, int(one_table * 0.75))  # t0 row-wise leaves 0.25 free, t1 needs 0.5
+    planner = GreedyShardingPlanner(2, int(one_table * 0.75))  # t0 row-wise leaves 0.25 free, t1 needs 0.5
     with pytest.raises(ValueError, match=r"table 't1' .* exceeds some rank's memory by at least 320000 bytes"):
         planner.plan(tables)
 
 
 def test_estimate_validates_plan():
-    planner = EmbeddingShardingPlanner(2, 2**30)
+    planner = GreedyShardingPlanner(2, 2**30)
     tables = _tables(n=2)
     with pytest.raises(ValueError, match=r"missing \['t1'\]"):
         planner.estimate({"t0": table_wise(0)}, tables)
     with pytest.raises(ValueError, match="outside world_size 2"):
         planner.estimate({"t0": table_wise(2), "t1": row_wise()}, tables)
     with pytest.raises(ValueError, match="optimizer='lamb' unknown"):
-        EmbeddingShardingPlanner(2, 2**30, optimizer="lamb")
+        GreedyShardingPlanner(2, 2**30, optimizer="lamb")
 
 
 @pytest.mark.parametrize("data_type", ["FP32", "FP16"])
@@ -69,7 +69,7 @@ def test_plan_takes_a_collection_or_its_configs():
     from shardwise.embedding import EmbeddingBagCollection
 
     tables = _tables(n=3)
-    planner = EmbeddingShardingPlanner(2, 2**30)
+    planner = GreedyShardingPlanner(2, 2**30)
     ebc = EmbeddingBagCollection(tables, device="meta")
     assert planner.plan(ebc) == planner.plan(tables) == planner.plan(tuple(tables))
     assert planner.estimate(planner.plan(ebc), ebc).memory == planner.estimate(planner.plan(tables), tables).memory
@@ -89,7 +89,7 @@ def test_plans_at_scale_use_hosts_and_wide_columns(world):
 
     tables = _dlrm_v2_like()
     t0 = time.perf_counter()
-    planner = EmbeddingShardingPlanner(world, 80 * 2**30, batch_size_per_rank=512, ids_per_bag=1.0, ranks_per_host=8)
+    planner = GreedyShardingPlanner(world, 80 * 2**30, batch_size_per_rank=512, ids_per_bag=1.0, ranks_per_host=8)
     plan = planner.plan(tables)
     assert time.perf_counter() - t0 < 10.0                       # 128 ranks plan in seconds
     assert plan == planner.plan(tables)                          # a pure function: every rank plans alike
@@ -117,19 +117,19 @@ def test_rank_ranges_and_host_validation():
     assert rank_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8" and rank_ranges(range(128)) == "0-127"
     assert rank_ranges([3]) == "3"
     with pytest.raises(ValueError, match="ranks_per_host=3 must be a positive int dividing world_size 8"):
-        EmbeddingShardingPlanner(8, 2**30, ranks_per_host=3)
+        GreedyShardingPlanner(8, 2**30, ranks_per_host=3)
 
 
 def test_narrow_tables_are_never_split_into_columns_narrower_than_32():
     tables = _tables(n=2, rows=50_000, dim=48)
-    plan = EmbeddingShardingPlanner(4, 2**30).plan(tables)
+    plan = GreedyShardingPlanner(4, 2**30).plan(tables)
     assert all(ps.sharding_type != ShardingType.COLUMN_WISE for ps in plan.values())
 
 
 def test_bytes_per_element_sets_the_weights_bytes_and_the_state_stays_fp32():
     tables = _tables(n=1, rows=1000, dim=16)
-    fp16 = EmbeddingShardingPlanner(1, 2**30, bytes_per_element=2)           # weights 2 bytes, Adagrad state 4
+    fp16 = GreedyShardingPlanner(1, 2**30, bytes_per_element=2)           # weights 2 bytes, Adagrad state 4
     assert fp16.estimate({"t0": table_wise(0)}, tables).memory == [1000 * 16 * (2 + 4)]
     for bad in (0, -2, "2", 2.0):
         with pytest.raises(ValueError, match=f"bytes_per_element={bad!r} must be None"):
-            EmbeddingShardingPlanner(1, 2**30, bytes_per_element=bad)
+            GreedyShardingPlanner(1, 2**30, bytes_per_element=bad)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from shardwise.embedding import EmbeddingShardingPlanner, load_table_configs
+from shardwise.embedding import GreedyShardingPlanner, load_table_configs
 
 
 def _write(tmp_path, data, name="tables.json"):
@@ -28,15 +28,15 @@ def test_json_list_and_torchrec_names(tmp_path):
     # a bare list reads the same; the planner takes the per-table pooling factors
     tables2, ids2 = load_table_configs(_write(tmp_path, json.loads(p.read_text())["tables"], "bare.json"), 3)
     assert tables2 == tables and ids2 == ids
-    planner = EmbeddingShardingPlanner(2, 2**30, ids_per_bag=ids)
+    planner = GreedyShardingPlanner(2, 2**30, ids_per_bag=ids)
     assert set(planner.plan(tables)) == {"users", "items", "country"}
 
 
 def test_pooling_factor_changes_the_estimate(tmp_path):
     # more ids per bag is more lookup work and more ids to route: the estimate must grow with it
     tables, _ = load_table_configs(_write(tmp_path, [{"name": "a", "rows": 10_000, "dim": 64}]))
-    one = EmbeddingShardingPlanner(2, 2**30, ids_per_bag={"a": 1})
-    many = EmbeddingShardingPlanner(2, 2**30, ids_per_bag={"a": 50})
+    one = GreedyShardingPlanner(2, 2**30, ids_per_bag={"a": 1})
+    many = GreedyShardingPlanner(2, 2**30, ids_per_bag={"a": 50})
     plan = {"a": one.plan(tables)["a"]}
     assert max(many.estimate(plan, tables).cost) > max(one.estimate(plan, tables).cost)
 

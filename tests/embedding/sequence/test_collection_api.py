@@ -12,7 +12,7 @@ from torch import nn
 
 from shardwise.embedding import (
     DataType, DistributedModelParallel, EmbeddingBagCollection, EmbeddingCollection, EmbeddingConfig,
-    EmbeddingShardingPlanner, ShardedEmbeddingCollection, shard,
+    GreedyShardingPlanner, ShardedEmbeddingCollection, shard,
 )
 from shardwise.sparse import JaggedTensor, KeyedJaggedTensor
 from shardwise.testing import run_on_ranks
@@ -79,7 +79,7 @@ def test_bad_construction_is_refused_clearly():
 
 def test_planner_plans_a_collection_with_the_sequence_cost():
     ec = common.make_ec()
-    planner = EmbeddingShardingPlanner(3, 2**20, batch_size_per_rank=4, ids_per_bag=2.0)
+    planner = GreedyShardingPlanner(3, 2**20, batch_size_per_rank=4, ids_per_bag=2.0)
     plan = planner.plan(ec)
     assert sorted(plan) == sorted(common.NAMES)
     assert planner.plan(ec.tables) == plan
@@ -89,7 +89,7 @@ def test_planner_plans_a_collection_with_the_sequence_cost():
     bags = [EmbeddingBagConfig(t.num_embeddings, t.embedding_dim, t.name, feature_names=t.feature_names)
             for t in ec.tables]
     rw = {n: row_wise() for n in common.NAMES}
-    planner = EmbeddingShardingPlanner(3, 2**20, batch_size_per_rank=64, ids_per_bag=20.0)
+    planner = GreedyShardingPlanner(3, 2**20, batch_size_per_rank=64, ids_per_bag=20.0)
     seq, pooled = planner.estimate(rw, ec.tables), planner.estimate(rw, bags)
 
     def variable(est):   # the per-shard part: the fixed per-group costs are the same for both
