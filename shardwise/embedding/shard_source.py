@@ -105,13 +105,13 @@ def check_one_dtype(ebc, where: str = "shard()") -> None:
                          f"dtype), or shard the tables of each dtype in a collection of their own")
 
 
-def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_division=True) -> None:
+def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_division=True, qcomm: str = "fp32") -> None:
     """Ranks given other tables, weight dtypes or another plan would build other routing and exchange
     garbage in the first forward; one all-gather of a digest makes them all raise here instead. Then,
     alike on every rank and before anything changes, the tables must share one weight dtype."""
     mesh = topo.mesh
     text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(list(_weight_dtypes(ebc).values()))
-    text += repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank, gradient_division))
+    text += repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank, gradient_division, qcomm))
     text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
     digest = list(hashlib.sha256(text.encode()).digest()[:16])
     # a mesh over every rank is checked on the default group: ranks given meshes of other shapes
@@ -123,5 +123,6 @@ def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_divisio
     if differ:
         raise ValueError(f"shard(): ranks {differ} were given other tables, another plan or another mesh than "
                          f"rank 0 (or tables whose weights differ in dtype); every rank must call shard() with the "
-                         f"same table configs, weight dtypes, plan, mesh, init_seed, src_rank and device (meta or not)")
+                         f"same table configs, weight dtypes, plan, mesh, init_seed, src_rank, qcomm codecs and device (meta "
+                         f"or not)")
     check_one_dtype(ebc)

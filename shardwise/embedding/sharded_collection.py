@@ -24,6 +24,8 @@ from .shard_source import check_or_broadcast, check_same_everywhere, shard_sourc
 from .state_dict import copy_into_shards, wrap_shards
 from .batch_checks import batch_problem, raise_everywhere
 from .topology import Topology
+from .qcomm import check_registry, codecs_digest   # issue 26 (qcomm, awaitables): sharded_api.py
+from .sharded_api import TorchRecShardedAPI, use_qcomm
 
 __all__ = ["ShardedEmbeddingBagCollection", "shard"]
 
@@ -53,7 +55,7 @@ def _check_plan(ebc: EmbeddingBagCollection, plan: dict) -> None:
                             f"got {plan[name]!r}")
 
 
-class ShardedEmbeddingBagCollection(nn.Module):
+class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
     """An EmbeddingBagCollection whose tables are split over ranks; built by :func:`shard`.
 
     ``forward(kjt)`` takes this rank's local batch and returns what the unsharded module returns
@@ -127,6 +129,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
                            sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
                            dtype=self._dtype, grad_scale=self._grad_scale)
         stages = self._make_stages(sharder, routing, store)
+        stages.output_dist.set_qcomm(self._qcomm_codecs)   # quantized comms (use_qcomm), kept across reshards
         return _Group(st, spec, routing, store, stages, sharder.replicated)
 
     def _make_stages(self, sharder, routing: Routing, store: ShardStore) -> Stages:
@@ -348,7 +351,8 @@ class ShardedEmbeddingBagCollection(nn.Module):
 
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
           compile_optimizer: bool = False, src_rank: Optional[int] = None,
-          gradient_division: bool = True, load_sample_every: int = 4) -> ShardedEmbeddingBagCollection:
+          gradient_division: bool = True, load_sample_every: int = 4,
+          qcomm_codecs_registry: Optional[dict] = None) -> ShardedEmbeddingBagCollection:
     """Shard ``ebc`` (an EmbeddingBagCollection, or an EmbeddingCollection: then a
     :class:`~shardwise.embedding.ShardedEmbeddingCollection`) over ``mesh`` (default: all ranks of the
     default process group) per ``plan``.
@@ -368,6 +372,8 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step); it is
     opt-in because it is not a clear win over the default eager update in our benchmarks (see
     docs/embedding.md), and the first step pays a compile of tens of seconds.
+    ``qcomm_codecs_registry`` (from :func:`~shardwise.embedding.qcomm.get_qcomm_codecs_registry`) sends the
+    pooled/sequence embeddings and their gradients over the wire in fp16/bf16 (TorchRec's qcomm).
 
     Example:
         >>> import functools; from shardwise.embedding import EmbeddingBagConfig, row_wise, table_wise
@@ -383,6 +389,7 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
         raise TypeError(f"shard() expects an EmbeddingBagCollection or an EmbeddingCollection, got "
                         f"{type(ebc).__name__}")
     _check_plan(ebc, plan)
+    check_registry(qcomm_codecs_registry)
     topo = Topology.from_mesh(mesh)
     if src_rank is not None and (not isinstance(src_rank, int) or isinstance(src_rank, bool)
                                  or not 0 <= src_rank < topo.world_size):
@@ -393,7 +400,10 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     if not isinstance(load_sample_every, int) or isinstance(load_sample_every, bool) or load_sample_every < 1:
         raise ValueError(f"shard(): load_sample_every={load_sample_every!r} must be an int >= 1 (count the lookup "
                          f"load on every k-th forward; 1 = every forward)")
-    check_same_everywhere(ebc, plan, topo, src_rank, gradient_division)
+    check_same_everywhere(ebc, plan, topo, src_rank, gradient_division, codecs_digest(qcomm_codecs_registry))
     check_or_broadcast(ebc, topo, src_rank)
     cls = ShardedEmbeddingCollection if isinstance(ebc, EmbeddingCollection) else ShardedEmbeddingBagCollection
-    return cls(ebc, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)
+    sharded = cls(ebc, plan, topo, optimizer, compile_optimizer, gradient_division, load_sample_every)
+    if qcomm_codecs_registry is not None:
+        use_qcomm(sharded, qcomm_codecs_registry)
+    return sharded
