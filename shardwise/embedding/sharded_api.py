@@ -9,7 +9,7 @@ gives the routed batch; ``compute_and_output_dist(ctx, batch)`` looks it up and 
 Unlike TorchRec, ``forward`` itself returns the ``KeyedTensor`` (ready; its ``wait()`` returns it).
 
 Example:
-    >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, row_wise, shard
+    >>> import torch; from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, row_wise, shard
     >>> from shardwise.sparse import KeyedJaggedTensor
     >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])]), {"t": row_wise()})
     >>> kjt = KeyedJaggedTensor(["f"], torch.tensor([1, 2, 3]), lengths=torch.tensor([2, 1]))
