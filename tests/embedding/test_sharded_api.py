@@ -66,7 +66,13 @@ def staged_matches_forward(rank, world):
         scripted = "scripted"
     except TypeError as exc:
         scripted = str(exc)
-    return err, moved, stages, waited, scripted
+    from shardwise.embedding.inference import Tracer
+    try:
+        Tracer().trace(torch.nn.Sequential(sharded))
+        traced = "traced"
+    except TypeError as exc:
+        traced = str(exc)
+    return err, moved, stages, waited, scripted + traced
 
 
 def test_staged_awaitables_on_two_ranks():
@@ -75,3 +81,4 @@ def test_staged_awaitables_on_two_ranks():
         assert stages[0] == stages[1] == stages[2] == stages[3] == 4
         assert waited
         assert "TorchScript cannot script a sharded collection" in scripted, scripted
+        assert "a sharded collection cannot be traced for TorchScript" in scripted, scripted
