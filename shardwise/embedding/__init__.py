@@ -38,6 +38,11 @@ from .model_parallel import DistributedModelParallel
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
 from .sharded_sequence import ShardedEmbeddingCollection
 from .sharded_table import ShardedTable
+# TorchRec's names (issue 26): quantized comms, awaitables, the fused unsharded collection, compute kernels
+from .awaitable import Awaitable, LazyAwaitable
+from .compute_kernel import EmbeddingComputeKernel
+from .fused_collection import FusedEmbeddingBagCollection
+from .qcomm import CommType, QCommsConfig, get_qcomm_codecs_registry
 
 __all__ = [
     "EmbeddingBagConfig", "PoolingType", "DataType", "EmbeddingBagCollection",
@@ -47,4 +52,6 @@ __all__ = [
     "shard", "ShardedEmbeddingBagCollection", "EmbeddingShardingPlanner", "PlanEstimate", "rank_ranges", "ShardedTable", "FusedOptimizer", "RowWiseAdagrad",
     "reshard", "ReshardStats", "current_plan", "propose_rebalance", "LoadStats", "DistributedModelParallel",
     "Calibration", "calibrate", "load_table_configs",
+    "Awaitable", "LazyAwaitable", "EmbeddingComputeKernel", "FusedEmbeddingBagCollection",
+    "CommType", "QCommsConfig", "get_qcomm_codecs_registry",
 ]
