@@ -7,7 +7,7 @@ TorchRec's names and shapes (``torchrec.distributed.fbgemm_qcomm_codec`` and the
 registry is handed to the sharding (``shard(..., qcomm_codecs_registry=...)``, or TorchRec's
 ``EmbeddingBagCollectionSharder(qcomm_codecs_registry=...)``). A codec casts a buffer to the wire dtype
 before the collective (``encode``) and back after it (``decode``); with a loss scale, ``encode``
-multiplies by it and ``decode`` divides, so small gradients survive fp16.
+multiplies by it and ``decode`` divides in fp32 (TorchRec divides in fp16), so small gradients survive.
 
 Only FP32/FP16/BF16 are casts we can do with torch alone; INT8, FP8 and MX4 need fbgemm's quantize
 kernels and are refused with a message. Unlike TorchRec, BF16 is honoured on gloo (CPU): torch's gloo
@@ -59,6 +59,7 @@ class CommOp(Enum):
     SEQUENCE_EMBEDDINGS_ALL_TO_ALL = "sequence_embeddings_all_to_all"
 
 
+_FP16_MAX = torch.finfo(torch.float16).max
 _WIRE_DTYPES = {CommType.FP32: torch.float32, CommType.FP16: torch.float16, CommType.BF16: torch.bfloat16}
 
 
@@ -96,8 +97,8 @@ class QCommsConfig:
 
 
 class QuantizedCommCodec:
-    """A cast codec: ``encode`` (optionally scaled) to ``quantized_dtype``, ``decode`` back to float32
-    (unscaled). TorchRec's codec protocol: ``ctx`` is accepted and unused (a cast needs no context)."""
+    """A cast codec: ``encode`` (optionally scaled; saturating to fp16's range, as fbgemm's) to
+    ``quantized_dtype``, ``decode`` back to float32 (unscaled). TorchRec's codec protocol: ``ctx`` is accepted and unused (a cast needs no context)."""
 
     def __init__(self, comm_precision: CommType, loss_scale: Optional[float] = None):
         self.comm_precision = comm_precision
@@ -110,6 +111,8 @@ class QuantizedCommCodec:
 
     def encode(self, input_tensor: torch.Tensor, ctx=None) -> torch.Tensor:
         x = input_tensor if self._scale is None else input_tensor * self._scale
+        if self._dtype == torch.float16:   # saturate, as fbgemm's cast does: no inf from a large (scaled) value
+            x = x.clamp(-_FP16_MAX, _FP16_MAX)
         return x.to(self._dtype)
 
     def decode(self, input_grad: torch.Tensor, ctx=None) -> torch.Tensor:
