@@ -22,11 +22,13 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 from .awaitable import Awaitable, LazyNoWait
-from .qcomm import check_registry
+from .qcomm import check_registry, codecs_digest
+from .sharding.comm import all_gather_ints
 
 __all__ = ["TorchRecShardedAPI", "ShardedModuleContext", "use_qcomm"]
 
@@ -105,11 +107,34 @@ class TorchRecShardedAPI:
                         f"which shardwise does not have. Run it eagerly, or torch.compile the dense part")
 
 
-def use_qcomm(module, registry: Optional[dict]) -> None:
-    """Send ``module``'s embedding collectives through ``registry``'s codecs from now on (forward and
-    backward; a later reshard keeps them). Every rank must pass the same registry: ``shard()``'s
-    cross-rank check compares it (``shard(..., qcomm_codecs_registry=)`` is the usual way in)."""
+def use_qcomm(module, registry: Optional[dict], *, check_ranks: bool = True) -> None:
+    """Collective (with ``check_ranks``): send ``module``'s embedding collectives through ``registry``'s
+    codecs from now on (forward and backward; a later reshard keeps them); None: full precision. Every
+    rank calls it with the same registry: one small all-gather compares them first and every rank
+    raises if they differ (``shard(..., qcomm_codecs_registry=)`` compares it in its own digest and
+    skips this).
+
+    Example:
+        >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, row_wise, shard
+        >>> from shardwise.embedding.qcomm import CommType, QCommsConfig, get_qcomm_codecs_registry
+        >>> sharded = shard(EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])]), {"t": row_wise()})
+        >>> use_qcomm(sharded, get_qcomm_codecs_registry(QCommsConfig(CommType.BF16, CommType.BF16)))
+        >>> sharded._output_dists[0].codecs.forward
+        QuantizedCommCodec(BF16)
+    """
     registry = check_registry(registry)
+    if check_ranks:
+        _check_same_registry(module._topo, registry)
     module._qcomm_codecs = registry
     for g in module._groups:
         g.stages.output_dist.set_qcomm(registry)
+
+
+def _check_same_registry(topo, registry: Optional[dict]) -> None:
+    mine = codecs_digest(registry)
+    digest = list(hashlib.sha256(mine.encode()).digest()[:8])
+    rows = all_gather_ints(digest, topo.world_size, topo.group, topo.device)
+    differ = [r for r in range(topo.world_size) if rows[r] != rows[0]]
+    if differ:
+        raise ValueError(f"qcomm: ranks {differ} (of the mesh) passed another qcomm_codecs_registry than rank 0 "
+                         f"(this rank: {mine}); pass the same registry (or None) on every rank")

@@ -99,13 +99,26 @@ def sequence_with_qcomm(rank, world):
 
 
 def mismatched_registry(rank, world):
-    """Rank 1 asks for fp16, rank 0 for nothing: every rank must raise the same error."""
+    """Rank 1 asks for fp16, rank 0 for nothing: every rank raises the same error, through shard()'s
+    digest and through use_qcomm() on a built module (DMP's way in); the same registry everywhere works."""
+    from shardwise.embedding.sharded_api import use_qcomm
+
+    mine = registry("fp16") if rank == 1 else None
+    out = []
     try:
-        shard(common.make_ebc(), common.plans(world)["row_wise"], mesh=mesh_for(world, 1),
-              qcomm_codecs_registry=registry("fp16") if rank == 1 else None)
+        shard(common.make_ebc(), common.plans(world)["row_wise"], mesh=mesh_for(world, 1), qcomm_codecs_registry=mine)
+        out.append("no error")
     except ValueError as exc:
-        return str(exc)
-    return "no error"
+        out.append(str(exc))
+    sharded = shard(common.make_ebc(), common.plans(world)["row_wise"], mesh=mesh_for(world, 1))
+    try:
+        use_qcomm(sharded, mine)
+        out.append("no error")
+    except ValueError as exc:
+        out.append(str(exc).split(" (this rank")[0])
+    use_qcomm(sharded, registry("fp16"))
+    out.append(repr(sharded._output_dists[0].codecs.forward))
+    return out
 
 
 def reshard_keeps_codecs(rank, world):

@@ -91,6 +91,8 @@ def test_sequence_all_to_all_fp16():
 
 def test_ranks_must_agree_and_reshard_keeps_codecs():
     msgs = run_on_ranks(qcomm_workers.mismatched_registry, 2)
-    assert msgs[0] == msgs[1] and "qcomm codecs" in msgs[0], msgs
+    assert msgs[0] == msgs[1], msgs
+    assert "qcomm codecs" in msgs[0][0] and "passed another qcomm_codecs_registry than rank 0" in msgs[0][1], msgs
+    assert msgs[0][2] == "QuantizedCommCodec(FP16)"
     for kept in run_on_ranks(qcomm_workers.reshard_keeps_codecs, 2):
         assert kept and all(k == "QuantizedCommCodec(BF16)" for k in kept), kept
