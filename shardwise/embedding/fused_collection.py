@@ -96,8 +96,10 @@ class FusedEmbeddingBagCollection(EmbeddingBagCollection):
         self._optimizer = FusedTablesOptimizer(weights, rule, hp)
         for w in weights:
             w.register_post_accumulate_grad_hook(self._optimizer.apply_gradient)
-            # what torch's apply_optimizer_in_backward records, so shard()/DMP can take the optimizer over
+            # what torch's apply_optimizer_in_backward records: shard()/DMP take the optimizer over, and
+            # in_backward_optimizer_filter leaves these weights out of a dense optimizer
             w._optimizer_classes, w._optimizer_kwargs = [optimizer_type], [dict(optimizer_kwargs)]
+            w._in_backward_optimizers = [self._optimizer]
 
     def fused_optimizer(self) -> FusedTablesOptimizer:
         return self._optimizer

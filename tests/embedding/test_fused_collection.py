@@ -87,6 +87,9 @@ def test_torchrec_surface_and_refusals():
     assert sorted(fused.state_dict()) == ["embedding_bags.t_mean.weight", "embedding_bags.t_sum.weight"]
     assert fused.optimizer_type is torch.optim.SGD and fused.optimizer_kwargs == {"lr": 0.1}
     assert isinstance(fused.fused_optimizer(), torch.optim.Optimizer)
+    w = fused.embedding_bags["t_sum"].weight   # marked as torch's apply_optimizer_in_backward marks weights
+    assert w._optimizer_classes == [torch.optim.SGD] and w._optimizer_kwargs == [{"lr": 0.1}]
+    assert w._in_backward_optimizers == [fused.fused_optimizer()]
     with pytest.raises(ValueError, match="UVM"):
         FusedEmbeddingBagCollection(TABLES, torch.optim.SGD, {"lr": 0.1}, location="managed")
     with pytest.raises(ValueError, match="momentum"):
