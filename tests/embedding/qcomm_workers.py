@@ -129,3 +129,25 @@ def reshard_keeps_codecs(rank, world):
                     qcomm_codecs_registry=registry("bf16"))
     sharded.reshard({"t_a": table_wise(1)})
     return sorted(repr(g.stages.output_dist.codecs.forward) for g in sharded._groups)
+
+
+def dmp_with_qcomm_sharder(rank, world):
+    """TorchRec's way in: DistributedModelParallel(ebc, device=, sharders=[EmbeddingBagCollectionSharder(
+    qcomm_codecs_registry=...)]); every output dist carries the codecs, the output is within fp16 of the
+    unsharded module's and the output collectives send half the bytes of an fp32 DMP."""
+    from shardwise.embedding import DistributedModelParallel, EmbeddingBagCollectionSharder
+
+    ebc = common.make_ebc(seed=8)
+    kjt = common.rank_batches(world, 0, False)[rank]
+    want = ebc(kjt).values()
+    out = {}
+    for precision in ("fp32", "fp16"):
+        sharder = EmbeddingBagCollectionSharder(qcomm_codecs_registry=registry(precision))
+        model = DistributedModelParallel(ebc, device=torch.device("cpu"), sharders=[sharder],
+                                         plan={"": common.plans(world)["table_wise"]})
+        sharded = next(iter(model.sharded_modules.values()))   # a property: {path: sharded module}
+        with wire_bytes() as sent:
+            got = model(kjt).wait().values()
+        out[precision] = ((got - want).abs().max().item(), sent["all_to_all"],
+                          sorted({repr(getattr(d.codecs, "forward", None)) for d in sharded._output_dists}))
+    return out

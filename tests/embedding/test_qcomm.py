@@ -96,3 +96,14 @@ def test_ranks_must_agree_and_reshard_keeps_codecs():
     assert msgs[0][2] == "QuantizedCommCodec(FP16)"
     for kept in run_on_ranks(qcomm_workers.reshard_keeps_codecs, 2):
         assert kept and all(k == "QuantizedCommCodec(BF16)" for k in kept), kept
+
+
+def test_qcomm_through_dmp_and_sharder():
+    import shardwise.embedding as emb
+
+    if not hasattr(emb, "EmbeddingBagCollectionSharder"):
+        pytest.skip("needs the module sharders of issue 26's optimizer/DMP part (EmbeddingBagCollectionSharder)")
+    for out in run_on_ranks(qcomm_workers.dmp_with_qcomm_sharder, 2):
+        assert out["fp32"][0] < TOL["fp32"] and out["fp16"][0] < TOL["fp16"]
+        assert out["fp16"][1] * 2 == out["fp32"][1] > 0
+        assert out["fp32"][2] == ["None"] and out["fp16"][2] == ["QuantizedCommCodec(FP16)"]
