@@ -2,12 +2,15 @@
 of them shardwise runs.
 
 Every shardwise table, of any sharding type, runs one kernel: TorchRec's ``FUSED`` (a pooled lookup
-whose optimizer update runs inside backward on the touched rows). The other names exist so TorchRec
+whose optimizer update runs inside backward on the touched rows). ``DENSE`` (TorchRec's kernel for
+data-parallel tables, updated by the dense optimizer) is accepted and runs as ``FUSED``: data-parallel
+tables all-reduce the touched rows' gradients and apply the table's fused update on every replica
+(``DistributedModelParallel`` says which optimizer each table gets). The other names exist so TorchRec
 code imports; :func:`check_compute_kernel` refuses them with what to use instead.
 
 Example:
-    >>> check_compute_kernel(EmbeddingComputeKernel.FUSED)
-    <EmbeddingComputeKernel.FUSED: 'fused'>
+    >>> check_compute_kernel(EmbeddingComputeKernel.FUSED), check_compute_kernel("dense")
+    (<EmbeddingComputeKernel.FUSED: 'fused'>, <EmbeddingComputeKernel.DENSE: 'dense'>)
     >>> check_compute_kernel("fused_uvm_caching")
     Traceback (most recent call last):
     ValueError: compute kernel 'fused_uvm_caching': UVM ...
@@ -44,9 +47,6 @@ _UVM = ("UVM (tables in host memory mapped into the GPU, with or without a GPU c
 _QUANT = ("int8/int4 inference tables (TorchRec's quantized EmbeddingBagCollection) are not available in "
           "shardwise; serve the trained fp32/fp16 tables with FUSED")
 _WHY = {
-    EmbeddingComputeKernel.DENSE: "shardwise tables always run fused: the optimizer update runs in backward "
-                                  "(data-parallel tables too: their gradients are all-reduced, then the same update "
-                                  "runs on every replica); use FUSED and pass the optimizer to shard()/DMP",
     EmbeddingComputeKernel.FUSED_UVM: _UVM,
     EmbeddingComputeKernel.FUSED_UVM_CACHING: _UVM,
     EmbeddingComputeKernel.QUANT: _QUANT,
@@ -63,8 +63,8 @@ _WHY = {
 
 
 def check_compute_kernel(kernel, table: Optional[str] = None) -> EmbeddingComputeKernel:
-    """``kernel`` (a member or its string value) if shardwise runs it, else a ValueError saying why
-    not and what to use (``table`` names the table in the message)."""
+    """``kernel`` (a member or its string value) if shardwise runs it (``FUSED``; ``DENSE`` runs as
+    ``FUSED``), else a ValueError saying why not and what to use (``table`` names the table)."""
     where = f"table {table!r}: " if table else ""
     try:
         member = kernel if isinstance(kernel, EmbeddingComputeKernel) else EmbeddingComputeKernel(kernel)

@@ -10,9 +10,10 @@ from shardwise.embedding.inference import QuantConfig, QuantEmbeddingBagCollecti
 
 def test_compute_kernels():
     assert check_compute_kernel("fused") is EmbeddingComputeKernel.FUSED
+    assert check_compute_kernel("dense") is EmbeddingComputeKernel.DENSE   # runs as FUSED (documented)
     expected = {"fused_uvm": "UVM", "fused_uvm_caching": "UVM", "quant": "int8", "quant_uvm": "int8",
                 "key_value": "key-value", "fused_triton": "CUDA-only", "customized_kernel": "CUDA-only",
-                "ssd_virtual_table": "virtual", "dense": "always run fused"}
+                "ssd_virtual_table": "virtual"}
     for kernel, why in expected.items():
         with pytest.raises(ValueError, match=f"table 't0': compute kernel '{kernel}': .*{why}"):
             check_compute_kernel(EmbeddingComputeKernel(kernel), table="t0")
