@@ -52,10 +52,10 @@ def registry(precision: str, scale=None):
     return get_qcomm_codecs_registry(QCommsConfig(fwd, bwd, forward_loss_scale=scale, backward_loss_scale=scale))
 
 
-def train_with_qcomm(rank, world, plan_names, precisions, steps=2, force_reduce_scatter=False):
+def train_with_qcomm(rank, world, plan_names, precisions, steps=2, force_reduce_scatter=False, hosts=1):
     """Per (plan, precision): (max forward error vs unsharded fp32, max weight error after ``steps`` SGD
     steps vs the dense reference, how far the reference moved, wire bytes of the output collectives)."""
-    mesh = mesh_for(world, 1)
+    mesh = mesh_for(world, hosts)
     ebc = common.make_ebc(seed=4)
     want = common.reference_train(ebc, common.SGD, world, steps, False, equal_batches=True)
     moved = max((w - ebc.embedding_bags[t].weight).abs().max().item() for t, w in want.items())
@@ -63,8 +63,10 @@ def train_with_qcomm(rank, world, plan_names, precisions, steps=2, force_reduce_
     out = {}
     for name in plan_names:
         for precision in precisions:
-            sharded = shard(ebc, common.plans(world)[name], mesh=mesh, optimizer=common.SGD,
+            sharded = shard(ebc, common.plans(world, hosts)[name], mesh=mesh, optimizer=common.SGD,
                             qcomm_codecs_registry=registry(precision))
+            if hosts > 1:   # the two-level output dist must be in use
+                assert sharded._groups[0].stages.output_dist.enabled
             if force_reduce_scatter:   # the NCCL path, forced on gloo (as test_sharded does)
                 sharded._groups[0].stages.output_dist.enabled = True
             fwd_err = 0.0

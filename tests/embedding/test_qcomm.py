@@ -75,6 +75,13 @@ def test_pooled_all_to_all_fp16_bf16_on_two_ranks():
     _check(run_on_ranks(qcomm_workers.train_with_qcomm, 2, plans, precisions, timeout=240.0), precisions)
 
 
+def test_two_level_table_row_wise_fp16():
+    # 2 hosts x 2 ranks: both levels of the table-row-wise output dist through the codecs
+    precisions = ["fp32", "fp16"]
+    _check(run_on_ranks(qcomm_workers.train_with_qcomm, 4, ["table_row_wise"], precisions, hosts=2, timeout=240.0),
+           precisions)
+
+
 def test_reduce_scatter_fp16():
     precisions = ["fp32", "fp16"]
     results = run_on_ranks(qcomm_workers.train_with_qcomm, 2, ["row_wise"], precisions, force_reduce_scatter=True)
