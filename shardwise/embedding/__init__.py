@@ -45,6 +45,11 @@ from .sharding_env import ShardingEnv
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
 from .sharded_sequence import ShardedEmbeddingCollection
 from .sharded_table import ShardedTable
+# TorchRec's names (issue 26): quantized comms, awaitables, the fused unsharded collection, compute kernels
+from .awaitable import Awaitable, LazyAwaitable
+from .compute_kernel import EmbeddingComputeKernel
+from .fused_collection import FusedEmbeddingBagCollection
+from .qcomm import CommType, QCommsConfig, get_qcomm_codecs_registry
 
 __all__ = [
     "EmbeddingBagConfig", "PoolingType", "DataType", "EmbeddingBagCollection",
@@ -56,4 +61,6 @@ __all__ = [
     "Calibration", "calibrate", "load_table_configs",
     "EmbOptimType", "ShardingEnv", "ModuleSharder", "EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder",
     "EmbeddingShardingPlanner", "EmbeddingModuleShardingPlan", "ParameterConstraints", "ShardingPlan", "Topology",
+    "Awaitable", "LazyAwaitable", "EmbeddingComputeKernel", "FusedEmbeddingBagCollection",
+    "CommType", "QCommsConfig", "get_qcomm_codecs_registry",
 ]

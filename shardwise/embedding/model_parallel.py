@@ -31,7 +31,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Any, Optional
 
@@ -108,9 +107,6 @@ def _settings(found: dict, sharders: list, optimizer, plan: dict, who: str = _WH
             if bad:
                 raise ValueError(f"{where}: tables {bad} are planned with sharding types that its sharder allows not "
                                  f"(allowed: {sharder.sharding_types()}); change the plan or the sharder")
-            if sharder.qcomm_codecs_registry and "qcomm_codecs_registry" not in inspect.signature(shard_resolved).parameters:
-                raise NotImplementedError(f"{where}: the sharder's qcomm_codecs_registry (quantized communication) "
-                                          f"is not supported by this build; leave it out")
         settings = table_optimizers(ebc, optimizer, sharder.fused_params if sharder else None, where)
         for t, s in settings.items():
             if s is None:
@@ -172,9 +168,9 @@ class DistributedModelParallel(nn.Module):
         settings = _settings(found, sharders, optimizer, self.plan)
         for path, ebc in found.items():
             sharder = sharder_for(ebc, sharders, _WHO)
-            extra = {"qcomm_codecs_registry": sharder.qcomm_codecs_registry} \
-                if sharder is not None and sharder.qcomm_codecs_registry else {}
-            sharded = shard_resolved(ebc, self.plan[path], topo, settings[path], _WHO, **extra, **shard_kwargs)
+            codecs = sharder.qcomm_codecs_registry if sharder is not None else None
+            sharded = shard_resolved(ebc, self.plan[path], topo, settings[path], _WHO,
+                                     qcomm_codecs_registry=codecs, **shard_kwargs)
             if path:
                 _replace(module, path, sharded)
             else:

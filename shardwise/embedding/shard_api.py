@@ -21,6 +21,8 @@ from .collection.bag_collection import EmbeddingBagCollection
 from .optim.settings import table_optimizers
 from .plan.values import ParameterSharding
 from .shard_source import check_or_broadcast, check_same_everywhere
+from .qcomm import check_registry, codecs_digest
+from .sharded_api import use_qcomm
 from .topology import MeshTopology
 
 __all__ = ["shard", "shard_resolved"]
@@ -44,7 +46,8 @@ def check_plan(ebc: EmbeddingBagCollection, plan: dict) -> None:
 def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=None, *,
           compile_optimizer: bool = False, src_rank: Optional[int] = None,
           gradient_division: bool = True, load_sample_every: int = 4,
-          fused_params: Optional[dict] = None) -> ShardedEmbeddingBagCollection:
+          fused_params: Optional[dict] = None,
+          qcomm_codecs_registry: Optional[dict] = None) -> ShardedEmbeddingBagCollection:
     """Shard ``ebc`` (an EmbeddingBagCollection, or an EmbeddingCollection: then a
     :class:`~shardwise.embedding.ShardedEmbeddingCollection`) over ``mesh`` (default: all ranks of the
     default process group) per ``plan``.
@@ -68,6 +71,8 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step); it is
     opt-in because it is not a clear win over the default eager update in our benchmarks (see
     docs/embedding.md), and the first step pays a compile of tens of seconds.
+    ``qcomm_codecs_registry`` (from :func:`~shardwise.embedding.qcomm.get_qcomm_codecs_registry`) sends the
+    pooled/sequence embeddings and their gradients over the wire in fp16/bf16 (TorchRec's qcomm).
 
     Example:
         >>> import functools, torch; from shardwise.embedding import EmbeddingBagConfig, row_wise, table_wise
@@ -84,13 +89,16 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
         raise TypeError(f"shard() expects an EmbeddingBagCollection or an EmbeddingCollection, got "
                         f"{type(ebc).__name__}")
     check_plan(ebc, plan)
+    check_registry(qcomm_codecs_registry)   # before the process group is needed: bad input first
     settings = table_optimizers(ebc, optimizer, fused_params, "shard()")
     return shard_resolved(ebc, plan, MeshTopology.from_mesh(mesh), settings, "shard()", compile_optimizer=compile_optimizer,
-                          src_rank=src_rank, gradient_division=gradient_division, load_sample_every=load_sample_every)
+                          src_rank=src_rank, gradient_division=gradient_division, load_sample_every=load_sample_every,
+                          qcomm_codecs_registry=qcomm_codecs_registry)
 
 
 def shard_resolved(ebc, plan: dict, topo: MeshTopology, settings: dict, where: str, *, compile_optimizer: bool = False,
-                   src_rank: Optional[int] = None, gradient_division: bool = True, load_sample_every: int = 4):
+                   src_rank: Optional[int] = None, gradient_division: bool = True, load_sample_every: int = 4,
+                   qcomm_codecs_registry: Optional[dict] = None):
     """:func:`shard` after the optimizer settings were resolved (``{table: (rule, hp) | None}``);
     errors name ``where`` (``shard()`` or ``DistributedModelParallel``). Collective."""
     from .sharded_collection import ShardedEmbeddingBagCollection
@@ -105,7 +113,12 @@ def shard_resolved(ebc, plan: dict, topo: MeshTopology, settings: dict, where: s
     if not isinstance(load_sample_every, int) or isinstance(load_sample_every, bool) or load_sample_every < 1:
         raise ValueError(f"{where}: load_sample_every={load_sample_every!r} must be an int >= 1 (count the lookup "
                          f"load on every k-th forward; 1 = every forward)")
-    check_same_everywhere(ebc, plan, topo, src_rank, gradient_division, settings, where)
+    check_registry(qcomm_codecs_registry)
+    check_same_everywhere(ebc, plan, topo, src_rank, gradient_division, settings, where,
+                          codecs_digest(qcomm_codecs_registry))
     check_or_broadcast(ebc, topo, src_rank, where)
     cls = ShardedEmbeddingCollection if isinstance(ebc, EmbeddingCollection) else ShardedEmbeddingBagCollection
-    return cls(ebc, plan, topo, settings, compile_optimizer, gradient_division, load_sample_every)
+    sharded = cls(ebc, plan, topo, settings, compile_optimizer, gradient_division, load_sample_every)
+    if qcomm_codecs_registry is not None:
+        use_qcomm(sharded, qcomm_codecs_registry, check_ranks=False)   # compared by check_same_everywhere
+    return sharded

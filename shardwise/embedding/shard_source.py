@@ -106,13 +106,13 @@ def check_one_dtype(ebc, where: str = "shard()") -> None:
 
 
 def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_division=True, settings=None,
-                          where: str = "shard()") -> None:
+                          where: str = "shard()", qcomm: str = "fp32") -> None:
     """Ranks given other tables, weight dtypes or another plan would build other routing and exchange
     garbage in the first forward; one all-gather of a digest makes them all raise here instead. Then,
     alike on every rank and before anything changes, the tables must share one weight dtype."""
     mesh = topo.mesh
     text = repr([(t, plan[t.name]) for t in ebc.tables]) + repr(list(_weight_dtypes(ebc).values()))
-    text += repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank, gradient_division))
+    text += repr((ebc.is_weighted, ebc.is_meta, ebc.init_seed if ebc.is_meta else None, src_rank, gradient_division, qcomm))
     text += repr((tuple(mesh.shape), mesh.mesh.flatten().tolist(), mesh.device_type))
     # the optimizer settings decide the groups of tables, hence the collectives of every step
     text += repr(sorted((t, None if s is None else (s[0].name, sorted((k, repr(v)) for k, v in s[1].items())))
@@ -128,5 +128,5 @@ def check_same_everywhere(ebc, plan: dict, topo, src_rank=None, gradient_divisio
         raise ValueError(f"{where}: ranks {differ} were given other tables, another plan or another mesh than "
                          f"rank 0 (or other optimizers, or tables whose weights differ in dtype); every rank must call "
                          f"{where} with the same table configs, weight dtypes, plan, optimizers, mesh, init_seed, "
-                         f"src_rank and device (meta or not)")
+                         f"src_rank, qcomm codecs and device (meta or not)")
     check_one_dtype(ebc, where)

@@ -26,6 +26,7 @@ from .shard_source import shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
 from .batch_checks import batch_problem, raise_everywhere
 from .topology import MeshTopology
+from .sharded_api import TorchRecShardedAPI  # issue 26: TorchRec's staged API (awaitables)
 
 __all__ = ["ShardedEmbeddingBagCollection", "shard", "shard_resolved"]
 
@@ -59,7 +60,7 @@ def _param_groups(settings: dict, names: list) -> tuple:
     return rules, groups, table_group
 
 
-class ShardedEmbeddingBagCollection(nn.Module):
+class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
     """An EmbeddingBagCollection whose tables are split over ranks; built by :func:`shard`.
 
     ``forward(kjt)`` takes this rank's local batch and returns what the unsharded module returns
@@ -141,6 +142,7 @@ class ShardedEmbeddingBagCollection(nn.Module):
         if rule is None:
             store.no_rule_hook = self._warn_frozen
         stages = self._make_stages(sharder, routing, store)
+        stages.output_dist.set_qcomm(self._qcomm_codecs)   # quantized comms (use_qcomm), kept across reshards
         return _Group(st, spec, routing, store, stages, sharder.replicated)
 
     def _make_stages(self, sharder, routing: Routing, store: ShardStore) -> Stages:

@@ -154,6 +154,11 @@ class KeyedTensor(metaclass=SparseMeta):
     def record_stream(self, stream) -> None:
         self._values.record_stream(stream)
 
+    def wait(self) -> "KeyedTensor":
+        """Itself: a sharded collection returns its output ready, where TorchRec's returns a
+        ``LazyAwaitable[KeyedTensor]``; this lets TorchRec code's ``out.wait()`` run unchanged."""
+        return self
+
     def size_in_bytes(self) -> int:
         return self._values.element_size() * self._values.numel()
 

@@ -17,14 +17,14 @@ __all__ = ["EmbeddingBagCollection", "pool_bags"]
 
 
 def pool_bags(weight: torch.Tensor, values: torch.Tensor, offsets: torch.Tensor,
-              per_sample_weights: Optional[torch.Tensor], mean: bool) -> torch.Tensor:
+              per_sample_weights: Optional[torch.Tensor], mean: bool, sparse: bool = False) -> torch.Tensor:
     """Pool bags of rows of ``weight``; mean divides the (weighted) sum by the bag's id count.
 
     ``offsets`` has one more entry than there are bags. Dividing a weighted sum by the count (not by
     the weight total) is the convention sharded layouts can reproduce from partial sums.
     """
     pooled = F.embedding_bag(values, weight, offsets, mode="sum", per_sample_weights=per_sample_weights,
-                             include_last_offset=True)
+                             include_last_offset=True, sparse=sparse)
     if mean:
         counts = (offsets[1:] - offsets[:-1]).clamp(min=1).to(pooled.dtype)
         pooled = pooled / counts.unsqueeze(1)
@@ -102,6 +102,8 @@ class EmbeddingBagCollection(nn.Module):
         torch.Size([1, 8])
     """
 
+    _sparse_grads = False   # sparse weight gradients (the touched rows); FusedEmbeddingBagCollection's
+
     def __init__(self, tables: Sequence[EmbeddingBagConfig], is_weighted: bool = False,
                  device: Optional[torch.device] = None, init_seed: int = 0):
         super().__init__()
@@ -157,7 +159,8 @@ class EmbeddingBagCollection(nn.Module):
                     continue
                 jt = kjt[f]
                 psw = jt.weights_or_none() if self._is_weighted else None
-                outs.append(pool_bags(weight, jt.values(), jt.offsets(), psw, t.pooling == "mean"))
+                outs.append(pool_bags(weight, jt.values(), jt.offsets(), psw, t.pooling == "mean",
+                                      self._sparse_grads))
         if vbe is not None:
             outs = [vbe.expand(f, o) for f, o in zip(self.feature_names(), outs)]
         return KeyedTensor(self.feature_names(), dims, torch.cat(outs, dim=1))

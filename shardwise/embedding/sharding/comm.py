@@ -1,4 +1,8 @@
-"""Differentiable collectives for pooled embeddings (torch.distributed underneath)."""
+"""Differentiable collectives for pooled embeddings (torch.distributed underneath).
+
+``codecs`` (a :class:`~shardwise.embedding.qcomm.QuantizedCommCodecs`, or None for full precision)
+casts the buffer for the wire and back: ``forward`` for the values, ``backward`` for their gradients.
+"""
 
 from __future__ import annotations
 
@@ -16,35 +20,44 @@ class AllToAll(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, anchor, send, in_splits, out_splits, group):
-        ctx.splits, ctx.group = (list(in_splits), list(out_splits)), group
-        recv = send.new_empty((sum(out_splits),) + tuple(send.shape[1:]))
-        dist.all_to_all_single(recv, send.contiguous(), list(out_splits), list(in_splits), group=group)
-        return recv
+    def forward(ctx, anchor, send, in_splits, out_splits, group, codecs=None):
+        ctx.splits, ctx.group, ctx.codecs = (list(in_splits), list(out_splits)), group, codecs
+        return _all_to_all(send, list(in_splits), list(out_splits), group, codecs and codecs.forward)
 
     @staticmethod
     def backward(ctx, grad):
         in_splits, out_splits = ctx.splits
-        g_send = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
-        dist.all_to_all_single(g_send, grad.contiguous(), in_splits, out_splits, group=ctx.group)
-        return None, g_send, None, None, None
+        codec = ctx.codecs and ctx.codecs.backward
+        return None, _all_to_all(grad, out_splits, in_splits, ctx.group, codec), None, None, None, None
+
+
+def _all_to_all(send, in_splits, out_splits, group, codec):
+    """Rows of ``send`` split by ``in_splits`` out, ``out_splits`` in; through ``codec`` when given."""
+    wire = send.contiguous() if codec is None else codec.encode(send).contiguous()
+    recv = wire.new_empty((sum(out_splits),) + tuple(send.shape[1:]))
+    dist.all_to_all_single(recv, wire, out_splits, in_splits, group=group)
+    return recv if codec is None else codec.decode(recv).to(send.dtype)
 
 
 class ReduceScatter(torch.autograd.Function):
     """Sum equal chunks over ranks, rank r keeping chunk r; backward all-gathers the gradients."""
 
     @staticmethod
-    def forward(ctx, anchor, send, world, group):
-        ctx.world, ctx.group = world, group
-        out = send.new_empty(send.shape[0] // world)
-        dist.reduce_scatter_single(out, send.contiguous(), group=group)
-        return out
+    def forward(ctx, anchor, send, world, group, codecs=None):
+        ctx.world, ctx.group, ctx.codec = world, group, codecs and codecs.backward
+        codec = codecs and codecs.forward
+        wire = send.contiguous() if codec is None else codec.encode(send).contiguous()
+        out = wire.new_empty(send.shape[0] // world)
+        dist.reduce_scatter_single(out, wire, group=group)   # the sum runs in the wire dtype, as TorchRec's
+        return out if codec is None else codec.decode(out).to(send.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        full = grad.new_empty(grad.shape[0] * ctx.world)
-        dist.all_gather_single(full, grad.contiguous(), group=ctx.group)
-        return None, full, None, None
+        codec = ctx.codec
+        wire = grad.contiguous() if codec is None else codec.encode(grad).contiguous()
+        full = wire.new_empty(grad.shape[0] * ctx.world)
+        dist.all_gather_single(full, wire, group=ctx.group)
+        return None, full if codec is None else codec.decode(full).to(grad.dtype), None, None, None
 
 
 def all_gather_ints(values: list[int], world: int, group, device) -> list[list[int]]:

@@ -11,6 +11,8 @@ output dist: one all-to-all of the rows back to the ranks that sent the ids (non
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -62,6 +64,8 @@ class SequenceOutputDist:
     slot's (first column, columns), all from the shared routing.
     """
 
+    codecs = None   # QuantizedCommCodecs of the sequence all-to-all (qcomm), None: full precision
+
     def __init__(self, routing: Routing, topo: MeshTopology, anchor: torch.Tensor, exchange: bool = True):
         self.routing, self.topo, self.anchor, self.exchange = routing, topo, anchor, exchange
         dests, keys, cols = [], [], []
@@ -83,6 +87,10 @@ class SequenceOutputDist:
         # otherwise (e.g. one table column-wise, one whole) each block is padded to the row and added
         self.tiled = [c0 for c0, _ in spans] == [sum(cs for _, cs in spans[:j]) for j in range(len(spans))] \
             and sum(cs for _, cs in spans) == self.dim
+
+    def set_qcomm(self, registry: Optional[dict]) -> None:
+        """Take this stage's codecs from a qcomm registry (``{CommOp name: QuantizedCommCodecs}``)."""
+        self.codecs = (registry or {}).get("SEQUENCE_EMBEDDINGS_ALL_TO_ALL") if self.exchange else None
 
     def _send(self, rows: list, routed: Routed, n_sources: int):
         """Flat buffer of rows ordered (source, width) and its element count per source."""
@@ -110,7 +118,8 @@ class SequenceOutputDist:
         if self.exchange:
             per_dest = torch.zeros(topo.world_size, dtype=torch.int64, device=slot_len.device)
             recv_sizes = per_dest.index_add_(0, self.slot_dest, slot_elems).tolist()
-            recv = AllToAll.apply(self.anchor, send.to(dtype), send_sizes, recv_sizes, topo.group)
+            recv = AllToAll.apply(self.anchor, send.to(dtype), send_sizes, recv_sizes, topo.group,
+                                  self.codecs)
         else:
             recv = send.to(dtype)
         counts = slot_len.tolist()

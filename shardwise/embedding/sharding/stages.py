@@ -218,9 +218,15 @@ class AllToAllOutputDist:
     range from several row blocks are partial sums the caller adds.
     """
 
+    codecs = None   # QuantizedCommCodecs of the pooled all-to-all (qcomm), None: full precision
+
     def __init__(self, routing: Routing, topo: MeshTopology, anchor: torch.Tensor, dtype):
         self.routing, self.topo, self.anchor, self.dtype = routing, topo, anchor, dtype
         self.slots = routing.output_slots(range(topo.world_size))
+
+    def set_qcomm(self, registry: Optional[dict]) -> None:
+        """Take this stage's codecs from a qcomm registry (``{CommOp name: QuantizedCommCodecs}``)."""
+        self.codecs = (registry or {}).get("POOLED_EMBEDDINGS_ALL_TO_ALL")
 
     def _recv_sizes(self, batch: int) -> list[int]:
         return [batch * sum(self.routing.boxes[i].col_size for i, _, _, _ in self.routing.slots[d])
@@ -229,7 +235,7 @@ class AllToAllOutputDist:
     def __call__(self, pooled, routed: Routed, batch: int, batch_sizes: Optional[list] = None):
         topo = self.topo
         send, send_sizes = _send_buffer(pooled, routed, topo.world_size, self.dtype, topo.device)
-        recv = AllToAll.apply(self.anchor, send, send_sizes, self._recv_sizes(batch), topo.group)
+        recv = AllToAll.apply(self.anchor, send, send_sizes, self._recv_sizes(batch), topo.group, self.codecs)
         return _blocks(recv, self.slots, batch)
 
 
@@ -245,13 +251,18 @@ class ReduceScatterOutputDist(AllToAllOutputDist):
         fast_backend = topo.device.type == "cuda" if force is None else force
         self.enabled = fast_backend and routing.uniform()
         self.reduced_slots = routing.output_slots([0]) if routing.uniform() else []
+        self.rs_codecs = None
+
+    def set_qcomm(self, registry: Optional[dict]) -> None:
+        super().set_qcomm(registry)   # the all-to-all fallback
+        self.rs_codecs = (registry or {}).get("POOLED_EMBEDDINGS_REDUCE_SCATTER")
 
     def __call__(self, pooled, routed: Routed, batch: int, batch_sizes: Optional[list] = None):
         if not self.enabled or batch_sizes is None or len(set(batch_sizes)) != 1:
             return super().__call__(pooled, routed, batch, batch_sizes)
         topo = self.topo
         send, _ = _send_buffer(pooled, routed, topo.world_size, self.dtype, topo.device)
-        mine = ReduceScatter.apply(self.anchor, send, topo.world_size, topo.group)
+        mine = ReduceScatter.apply(self.anchor, send, topo.world_size, topo.group, self.rs_codecs)
         return _blocks(mine, self.reduced_slots, batch)
 
 
@@ -261,6 +272,9 @@ class LocalOutputDist(AllToAllOutputDist):
     def __init__(self, routing: Routing, topo: MeshTopology, anchor: torch.Tensor, dtype):
         super().__init__(routing, topo, anchor, dtype)
         self.slots = routing.output_slots([topo.rank])
+
+    def set_qcomm(self, registry: Optional[dict]) -> None:
+        """Nothing travels: data-parallel output needs no codec."""
 
     def __call__(self, pooled, routed: Routed, batch: int, batch_sizes: Optional[list] = None):
         flat = [p.reshape(-1) for p in pooled]

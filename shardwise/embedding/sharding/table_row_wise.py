@@ -58,10 +58,10 @@ class TwoLevelOutputDist(AllToAllOutputDist):
         level1 = torch.cat([chunks[s] for k in range(per_host) for s in owners[k]])
         out1 = [sum(sizes[s] for s in owners[k]) for k in range(per_host)]
         mine = [batch_sizes[s] * self._width(topo.rank) for s in owners[me_local]]
-        recv1 = AllToAll.apply(self.anchor, level1, out1, [sum(mine)] * per_host, topo.host_group)
+        recv1 = AllToAll.apply(self.anchor, level1, out1, [sum(mine)] * per_host, topo.host_group, self.codecs)
         summed = recv1.view(per_host, -1).sum(0)
         out2 = [batch * self._width(topo.hosts[h][0]) for h in range(n_hosts)]
-        recv2 = AllToAll.apply(self.anchor, summed, mine, out2, topo.peer_group)
+        recv2 = AllToAll.apply(self.anchor, summed, mine, out2, topo.peer_group, self.codecs)
         blocks = []
         for h, part in enumerate(torch.split(recv2, out2)):
             blocks += _blocks(part, self.host_slots[h], batch)
