@@ -94,6 +94,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sharding-types", type=_name_list, default=None, metavar="T1,T2",
                    help="sharding types the planner may choose among, e.g. table_wise to force an all-table-wise "
                         "plan (default: table_wise,row_wise,data_parallel)")
+    p.add_argument("--drift-at", type=int, default=None, metavar="STEP",
+                   help="from step STEP on, some features of the synthetic log carry --drift-factor ids per example "
+                        "(as after a product launch): the start-up plan goes out of balance and the live reshard "
+                        "has something to fix; `make demo` uses it (default: no drift)")
+    p.add_argument("--drift-factor", type=int, default=d.drift_factor,
+                   help="ids per example of a drifted feature (default %(default)s)")
+    p.add_argument("--drift-features", type=_name_list, default=None, metavar="C3,C7",
+                   help="the features that drift (default: C3,C7,C11,C15)")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
 
@@ -107,7 +115,8 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads,
                        num_embeddings_per_feature=ns.num_embeddings_per_feature, max_rows=ns.max_rows,
                        eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout,
-                       sharding_types=ns.sharding_types)
+                       sharding_types=ns.sharding_types, drift_at=ns.drift_at, drift_factor=ns.drift_factor,
+                       drift_features=ns.drift_features)
 
 
 def check_output_paths(cfg: TrainConfig) -> None:

@@ -275,8 +275,8 @@ def _print_summary(m: dict, folder: Path) -> None:
                 t.add_row("  memory per rank (MiB), before -> after", "  ".join(
                     f"{a / 2**20:.1f}->{b / 2**20:.1f}" for a, b in zip(r["memory_before"], r["memory_after"])))
         for w in (w for w in m["load_windows"] if w["segment"] == seg["index"]):
-            t.add_row(f"  measured load max/mean, {w['label']} (steps {w['first_step']}-{w['last_step']})",
-                      _fmt(w["max_over_mean"], ".2f"))
+            t.add_row(f"  {w['label']} (steps {w['first_step']}-{w['last_step']}): measured load max/mean, "
+                      f"median step time", f"{_fmt(w['max_over_mean'], '.2f')}, {_fmt(w.get('step_ms'), '.1f')} ms")
     if m["reshard"]["status"] in ("off", "not-reached"):
         t.add_row("live reshard", f"{m['reshard']['status']}: {m['reshard']['reason']}")
     t.add_row("report", str(folder))
