@@ -16,9 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..embedding import propose_rebalance, reshard
+from ..embedding import ShardingType, propose_rebalance, reshard
 
-__all__ = ["ReshardResult", "live_reshard", "fit_memory", "measured_ids_per_bag", "predicted_load"]
+__all__ = ["ReshardResult", "live_reshard", "fit_memory", "measured_ids_per_bag", "predicted_load",
+           "propose_changes"]
 
 
 @dataclass
@@ -48,16 +49,9 @@ def live_reshard(sharded, load_stats, plan: dict, max_bytes_moved: int, max_byte
     Every input is the same on every rank, so every rank decides alike; nothing measured in time
     (step times) enters the decision.
     """
-    types = planner.types if planner is not None else None
-    changes = dict(propose_rebalance(load_stats, max_bytes_moved, sharding_types=types))
+    changes, note = propose_changes(load_stats, plan, max_bytes_moved, planner, tables)
     if not changes:
-        allowed = "" if types is None else f" within the allowed sharding types ({', '.join(t.value for t in types)})"
-        return ReshardResult("no-change", plan, reason=f"the measured load cannot be lowered by moving tables{allowed}")
-    note = ""
-    if planner is not None:
-        changes, note = fit_memory(changes, plan, load_stats, planner, tables)
-        if not changes:
-            return ReshardResult("no-change", plan, reason=note)
+        return ReshardResult("no-change", plan, reason=note)
     try:
         out = reshard(sharded, changes, max_bytes_per_rank=max_bytes_per_rank)
     except (ValueError, TypeError) as e:
@@ -66,6 +60,56 @@ def live_reshard(sharded, load_stats, plan: dict, max_bytes_moved: int, max_byte
     stats = {"tables_moved": list(out.tables_moved), "bytes_sent": list(out.bytes_sent),
              "bytes_received": list(out.bytes_received), "wall_time_s": out.wall_time_s}
     return ReshardResult("applied", {**plan, **changes}, changes, reason=note, stats=stats)
+
+
+def propose_changes(load_stats, plan: dict, max_bytes_moved: int, planner=None, tables=None) -> tuple[dict, str]:
+    """Pure: ``(changes, note)``, the decision :func:`live_reshard` applies; ``({}, why)`` when it keeps
+    the plan. Only the planner's sharding types (all of :func:`~shardwise.embedding.propose_rebalance`'s
+    without a planner); within the planner's memory per rank; only if the planner's estimate improves.
+
+    Example (one rank: nothing to move):
+        >>> from shardwise.embedding.reshard import LoadStats
+        >>> propose_changes(LoadStats(1, 1, ()), {}, 1 << 20)
+        ({}, 'the measured load cannot be lowered by moving tables')
+    """
+    if planner is None:
+        changes = dict(propose_rebalance(load_stats, max_bytes_moved))
+        return (changes, "") if changes else ({}, "the measured load cannot be lowered by moving tables")
+    # as the planner does: every allowed type, then table-wise alone and with each other type; a family
+    # that cannot lower the estimate (e.g. replicating a big table costs an all-reduce of its gradients
+    # every step) does not hide a smaller one that can
+    best, notes = None, []
+    for types in _families(planner.types):
+        changes = dict(propose_rebalance(load_stats, max_bytes_moved, sharding_types=types))
+        if not changes:
+            continue
+        kept, note = fit_memory(changes, plan, load_stats, planner, tables)
+        if not kept:
+            notes.append(note)
+            continue
+        new = {**plan, **kept}
+        est = planner.estimate(new, tables)
+        key = (max(predicted_load(load_stats, new, est)), max(est.cost))
+        if best is None or key < best[0]:
+            best = (key, kept, note)
+    if best is not None:
+        return best[1], best[2]
+    allowed = ", ".join(t.value for t in planner.types)
+    return {}, notes[0] if notes else f"the measured load cannot be lowered by moving tables within the allowed " \
+                                      f"sharding types ({allowed})"
+
+
+def _families(types) -> list:
+    """Every allowed type; table-wise alone; table-wise with one other type (deduplicated, in order)."""
+    fams = [tuple(types)]
+    tw = ShardingType.TABLE_WISE
+    if tw in types:
+        fams += [(tw,)] + [(tw, x) for x in types if x != tw]
+    out = []
+    for f in fams:
+        if set(f) not in [set(g) for g in out]:
+            out.append(f)
+    return out
 
 
 def measured_ids_per_bag(stats, tables, bags_per_step: int) -> dict:
@@ -98,15 +142,22 @@ def fit_memory(changes: dict, plan: dict, stats, planner, tables) -> tuple[dict,
     """The part of a proposal that keeps every rank within ``planner.memory`` (weights + optimizer
     state per rank), lowers the planner's estimated step time (slowest rank) and lowers the predicted
     maximum measured load the most; ``({}, reason)`` when nothing does. The proposal's moves are
-    greedy and ordered, so every prefix is a candidate, and so is the proposal without the moves
-    that break the budget. Pure: the same on every rank."""
+    greedy and ordered, so every prefix is a candidate, and so are the proposal without the moves
+    that break the budget and the proposal without the moves that also raise the estimate. Pure:
+    the same on every rank."""
     order = list(changes)
-    subsets, skipping = [order[:k] for k in range(len(order), 0, -1)], []
-    for n in order:   # the moves in order, each kept only if the layout so far still fits
-        if _fits(planner.estimate({**plan, **{m: changes[m] for m in skipping + [n]}}, tables), planner):
-            skipping.append(n)
-    subsets.append(skipping)
     now, est_now = max(stats.per_rank()), max(planner.estimate(plan, tables).cost)
+    subsets, skipping, cheaper, est_kept = [order[:k] for k in range(len(order), 0, -1)], [], [], est_now
+    for n in order:   # the moves in order, each kept only if the layout so far still fits ...
+        est = planner.estimate({**plan, **{m: changes[m] for m in skipping + [n]}}, tables)
+        if _fits(est, planner):
+            skipping.append(n)
+        # ... and, in a second candidate, only if the planner's estimate does not get worse either
+        est = planner.estimate({**plan, **{m: changes[m] for m in cheaper + [n]}}, tables)
+        if _fits(est, planner) and max(est.cost) <= est_kept:
+            cheaper.append(n)
+            est_kept = max(est.cost)
+    subsets += [skipping, cheaper]
     best, over, est_best = None, None, None
     for names in subsets:
         if not names:
