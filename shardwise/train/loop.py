@@ -9,6 +9,7 @@ Example (inside an initialised process group; ``shardwise train`` does all of th
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import time
@@ -18,7 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
+from ..embedding import EmbeddingShardingPlanner, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
 from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, peak_rss_per_rank, table_sizes
@@ -27,8 +28,9 @@ from .drift import DRIFT_FEATURES, DriftingClicks
 from .dense import make_dense_runner
 from .model import DenseArch, auc, make_ebc, make_tables
 from .report import Progress, console
-from .replan import describe, keep_plan
+from .replan import keep_plan, plan_from_json, plan_to_json
 from .pipeline import TrainPipeline
+from .prelaunch import resumed_batch
 from .reshard import live_reshard, measured_ids_per_bag
 from .report.steady import Steady
 from .report.steplog import StepLog
@@ -38,16 +40,6 @@ from .report.notices import drift_notice, reshard_notice, segment_notice
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 
 _EVAL_START = 1 << 40   # synthetic eval examples come from far beyond any training cursor
-
-
-def plan_to_json(plan: dict) -> dict:
-    return {t: {"type": ps.sharding_type.value, "ranks": None if ps.ranks is None else list(ps.ranks),
-                "host": ps.host_index} for t, ps in plan.items()}
-
-
-def plan_from_json(raw: dict) -> dict:
-    return {t: ParameterSharding(ShardingType(v["type"]), None if v["ranks"] is None else tuple(v["ranks"]),
-                                 v["host"]) for t, v in raw.items()}
 
 
 # steps that are not steady state: the first traces the compiled dense graph, the next ones still
@@ -62,6 +54,9 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, mesh, ranks_on_host: int = 1):
         self.cfg, self.mesh = cfg, mesh
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        meta = self._resume_meta()
+        if meta is not None:   # the saved run's global batch is kept: the per-process batch follows the world
+            cfg.batch_size = resumed_batch(meta["world"] * json.loads(meta["config"])["batch_size"], self.world)
         self.device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device(mesh.device_type)
         self.cards = table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows)
@@ -77,7 +72,6 @@ class Trainer:
         self.reshard_state = "off" if cfg.reshard_at == 0 else "pending"   # -> "done" after the reshard
         self.story = new_story()
         self.elapsed = 0.0
-        meta = self._resume_meta()
         if meta is None:
             self.plan, moves = self.planner.plan(self.tables), {}
         else:   # the live plan of the saved run, kept wherever its ranks still exist

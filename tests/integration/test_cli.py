@@ -77,7 +77,8 @@ def _train(out, *extra):
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory):
     out = tmp_path_factory.mktemp("run") / "a"
-    return out, _train(out, "--steps", "24", "--batch-size", "128", "--checkpoint-every", "12", "--reshard-at", "12",
+    # a global batch of 192: a resume keeps it, on 1, 2 or 3 processes
+    return out, _train(out, "--steps", "24", "--batch-size", "96", "--checkpoint-every", "12", "--reshard-at", "12",
                        *_DRIFT)
 
 
@@ -131,7 +132,7 @@ def test_resume_continues_the_same_loss_curve(run_a, tmp_path):
     # as if killed after step 12: only that checkpoint survives (the step-24 one is not there)
     b = tmp_path / "b"
     shutil.copytree(out_a / "checkpoints" / "step_00000012", b / "checkpoints" / "step_00000012")
-    mb = _train(b, "--steps", "24", "--batch-size", "128", "--checkpoint-every", "12", "--reshard-at", "12",
+    mb = _train(b, "--steps", "24", "--batch-size", "96", "--checkpoint-every", "12", "--reshard-at", "12",
                 "--resume", *_DRIFT)
     # the load window restarts with the new processes: the reshard waits for --reshard-min-window
     # (default 10) measured steps, so it comes at step 22 instead of 12; a layout change only reorders
@@ -166,7 +167,7 @@ def test_resume_on_another_world_size(run_a, tmp_path):
     out_a, m = run_a
     c = tmp_path / "c"
     shutil.copytree(out_a / "checkpoints" / "step_00000024", c / "checkpoints" / "step_00000024")
-    mc = _train(c, "--steps", "28", "--batch-size", "128", "--checkpoint-every", "0", "--reshard-at", "12",
+    mc = _train(c, "--steps", "28", "--batch-size", "96", "--checkpoint-every", "0", "--reshard-at", "12",
                 "--resume", "--world-size", "1", *_DRIFT)
     assert mc["world_size"] == 1 and mc["steps"] == 28
     assert mc["loss"]["value"][:24] == m["loss"]["value"]
@@ -189,7 +190,7 @@ def test_resume_on_more_ranks_keeps_the_plan_then_rebalances(run_a, tmp_path):
     out_a, m = run_a
     g = tmp_path / "g"
     shutil.copytree(out_a / "checkpoints" / "step_00000024", g / "checkpoints" / "step_00000024")
-    mg = _train(g, "--steps", "32", "--batch-size", "128", "--checkpoint-every", "0", "--reshard-at", "12",
+    mg = _train(g, "--steps", "32", "--batch-size", "96", "--checkpoint-every", "0", "--reshard-at", "12",
                 "--reshard-min-window", "4", "--resume", "--world-size", "3", *_DRIFT)
     seg = mg["segments"][1]
     assert (seg["kind"], seg["world_size"], seg["moves"]) == ("resume", 3, {})   # nothing had to move
@@ -211,7 +212,7 @@ def test_killed_mid_save_restarts_and_continues_the_curve(run_a, tmp_path, monke
     # sums, so the curves must still agree -- before step 12 exactly, after it to rounding.
     monkeypatch.setenv("SHARDWISE_TRAIN_FAULT", "save:12")
     d = tmp_path / "d"
-    md = _train(d, "--steps", "18", "--batch-size", "128", "--checkpoint-every", "6", "--reshard-at", "0",
+    md = _train(d, "--steps", "18", "--batch-size", "96", "--checkpoint-every", "6", "--reshard-at", "0",
                 "--max-restarts", "1", *_DRIFT)
     assert md["elastic_restarts"] == 1 == md["restarts"] and m["elastic_restarts"] == 0
     # announced on the console (by the restarted rank 0, even with --quiet)
