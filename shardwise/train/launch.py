@@ -17,9 +17,11 @@ from .worker import run_worker
 
 __all__ = ["launch", "describe_failure", "quiet_launcher_errors"]
 
-# the launcher's own error log repeats every failed worker's whole traceback, prefixed per line; the
-# job's failure summary (describe_failure) says who failed and why in a few lines instead
+# the launcher's own error log repeats every failed worker's whole traceback, prefixed per line, and
+# spawn logs each sibling it stops; the job's failure summary (describe_failure) says who failed and
+# why in a few lines instead
 _LAUNCHER_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+_SPAWN_LOGGER = "torch.multiprocessing.spawn"
 
 
 @contextlib.contextmanager
@@ -35,13 +37,15 @@ def quiet_launcher_errors():
         >>> log.level == before
         True
     """
-    log = logging.getLogger(_LAUNCHER_LOGGER)
-    before = log.level
-    log.setLevel(logging.CRITICAL)
+    logs = [logging.getLogger(name) for name in (_LAUNCHER_LOGGER, _SPAWN_LOGGER)]
+    before = [log.level for log in logs]
+    for log in logs:
+        log.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        log.setLevel(before)
+        for log, level in zip(logs, before):
+            log.setLevel(level)
 
 
 def launch(cfg: TrainConfig, nproc_per_node: int = 2, nnodes: str = "1", rdzv_endpoint: Optional[str] = None,

@@ -79,8 +79,8 @@ def check_memory(cfg: TrainConfig, world: int, flag: str = "--memory-per-rank") 
         least = -(-need // world)
         raise ValueError(f"{flag} {_mib(budget)}: the 26 tables need {_mib(need)} in all (weights + Adagrad "
                          f"state), {_mib(least)} per rank at the very least on {world} ranks; the planner found no "
-                         f"layout: {e}. Raise {flag} (e.g. {flag} {_suggest(need, world)}), add processes, or "
-                         f"shrink the tables (--rows, --max-rows)") from None
+                         f"layout: {str(e).split(';')[0]}. Raise {flag} (e.g. {flag} {_suggest(need, world)}), "
+                         f"add processes, or shrink the tables (--rows, --max-rows)") from None
 
 
 def _mib(n: float) -> str:
