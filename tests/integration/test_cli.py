@@ -123,6 +123,12 @@ def test_two_process_run_writes_a_sane_report(run_a, capsys):
     r = m["reshards"][0]
     assert r["changes"] and all(v["type"] in ("table_wise", "data_parallel") for v in r["changes"].values())
     assert max(r["estimated_after"]) < max(r["estimated_before"]) and r["step_ms_before"] == before["step_ms"]
+    around = m["step_ms_around_reshards"]
+    assert [(x["step"], x["before_ms"], x["before_steps"], x["after_steps"]) for x in around] == [
+        (12, before["step_ms"], [2, 12], [12, 22])] and around[0]["after_ms"] > 0
+    # each rank's process holds more than its tables (the dense model, batches, torch itself)
+    mem = m["memory_per_rank"]
+    assert [x["rank"] for x in mem] == [0, 1] and all(x["peak_rss_bytes"] > x["tables_bytes"] > 0 for x in mem)
     plan_md = (out / "plan.md").read_text()
     assert "| t_C1 |" in plan_md and "## segment 1 (start): 2 ranks, steps 0-24" in plan_md
 

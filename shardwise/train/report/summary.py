@@ -119,7 +119,7 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
         "calibration": tr.planner.calibration.to_json(),
         "plan_estimate": _plan_estimate(tr, h["examples_per_s"][-1] if h["examples_per_s"] else None),
         "memory_per_rank": _memory_per_rank(tr),
-        "step_ms_around_reshards": _step_ms_around_reshards(story),
+        "step_ms_around_reshards": _step_ms_around_reshards(tr),
         "config": json.loads(cfg.to_json()),
     }
     return _nan_to_none(out)
@@ -133,15 +133,22 @@ def _memory_per_rank(tr) -> list:
     return [{"rank": r, "peak_rss_bytes": rss[r], "tables_bytes": int(held[r])} for r in range(len(held))]
 
 
-def _step_ms_around_reshards(story: dict) -> list:
-    """Per reshard: the median measured step time of the window before it and of the one after it
-    (reported only: the decision never reads them)."""
-    out = []
+def _step_ms_around_reshards(tr) -> list:
+    """Per reshard: the median measured step time of the window before it and of as many steps right
+    after it (a window of the same length, so that a machine whose other load drifts over the run
+    compares like with like), or of the window after it for an earlier segment's reshard. Reported
+    only: the decision never reads them."""
+    story, out = tr.story, []
+    here = len(story["segments"]) - 1
     for r in story["reshards"]:
-        after = [w for w in story["windows"] if w["segment"] == r["segment"] and w["first_step"] == r["step"]]
+        first, last = r.get("window_before") or [r["step"], r["step"]]
+        span = [r["step"], min(r["step"] + (last - first), tr.step)]
+        after = tr.steady.median_ms(*span) if r["segment"] == here and getattr(tr, "steady", None) else None
+        if after is None:
+            ws = [w for w in story["windows"] if w["segment"] == r["segment"] and w["first_step"] == r["step"]]
+            after, span = (ws[0].get("step_ms"), [ws[0]["first_step"], ws[0]["last_step"]]) if ws else (None, None)
         out.append({"step": r["step"], "status": r["status"], "before_ms": r.get("step_ms_before"),
-                    "after_ms": after[0].get("step_ms") if after else None,
-                    "after_steps": [after[0]["first_step"], after[0]["last_step"]] if after else None})
+                    "before_steps": [first, last], "after_ms": after, "after_steps": span})
     return out
 
 
@@ -318,7 +325,9 @@ def _print_summary(m: dict, folder: Path) -> None:
         t.add_row("per rank: peak RSS (whole process) / tables held", "  ".join(
             f"{_mib(x['peak_rss_bytes'])}/{_mib(x['tables_bytes'])}" for x in mem) + " MiB")
     for x in m.get("step_ms_around_reshards") or []:
-        t.add_row(f"median step time around the reshard at step {x['step']} ({x['status']})",
+        steps = "" if not x["after_steps"] else (f" (steps {x['before_steps'][0]}-{x['before_steps'][1]} -> "
+                                                 f"{x['after_steps'][0]}-{x['after_steps'][1]})")
+        t.add_row(f"median step time around the reshard at step {x['step']} ({x['status']}){steps}",
                   f"{_fmt(x['before_ms'], '.1f')} -> {_fmt(x['after_ms'], '.1f')} ms")
     for seg in m["segments"]:
         t.add_row(_segment_title(seg), "")
