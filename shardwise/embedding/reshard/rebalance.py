@@ -39,6 +39,16 @@ def _candidates(t: TableLoad, world: int, types) -> list:
     return [ps for ps in out if ps.sharding_type in types]
 
 
+def _check(load_stats, max_bytes, sharding_types) -> frozenset:
+    """The allowed types, after checking every input (before any work)."""
+    if not isinstance(load_stats, LoadStats):
+        raise TypeError(f"load_stats must be a LoadStats (from sharded.load_stats()), got "
+                        f"{type(load_stats).__name__}; it carries the table sizes and boxes a proposal needs")
+    if not isinstance(max_bytes, (int, float)) or isinstance(max_bytes, bool) or max_bytes < 0:
+        raise ValueError(f"max_bytes={max_bytes!r} must be a number >= 0 (bytes that may move)")
+    return _allowed(sharding_types)
+
+
 def _allowed(sharding_types) -> frozenset:
     if sharding_types is None:
         return frozenset(_ALL)
@@ -84,12 +94,7 @@ def propose_rebalance(load_stats: LoadStats, max_bytes: int, sharding_types=None
         >>> propose_rebalance(sharded.load_stats(), max_bytes=1 << 30)
         {}
     """
-    if not isinstance(load_stats, LoadStats):
-        raise TypeError(f"load_stats must be a LoadStats (from sharded.load_stats()), got "
-                        f"{type(load_stats).__name__}; it carries the table sizes and boxes a proposal needs")
-    if not isinstance(max_bytes, (int, float)) or isinstance(max_bytes, bool) or max_bytes < 0:
-        raise ValueError(f"max_bytes={max_bytes!r} must be a number >= 0 (bytes that may move)")
-    types = _allowed(sharding_types)
+    types = _check(load_stats, max_bytes, sharding_types)
     world = load_stats.world_size
     topo = LayoutTopology(world, load_stats.hosts or (tuple(range(world)),))
     loads = {t.name: t.rank_load(t.boxes, t.sharding.sharding_type, world) for t in load_stats.tables}

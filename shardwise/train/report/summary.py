@@ -258,17 +258,32 @@ def _loss_figure(m: dict):
         ax2.plot([last], [m["auc"]["eval"]], color="tab:green", marker="*", markersize=13, ls="none",
                  label=f"eval AUC {m['auc']['eval']:.3f} ({m.get('eval_data', 'held out')})")
     ax2.set_ylabel("AUC")
-    # each event a line with its label at the top, staggered so that events at nearby steps stay apart
-    for i, (step, label, colour, style) in enumerate(_events(m)):
+    _clip_spikes(ax, m["loss"]["value"])
+    # each event a line with its label above the plot (off the curves), staggered so that events at
+    # nearby steps stay apart
+    events = _events(m)
+    for i, (step, label, colour, style) in enumerate(events):
         ax.axvline(step, color=colour, ls=style, lw=1.2, label=f"{label}, step {step}")
-        ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -10 - 11 * (i % 3)),
+        ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 3 + 10 * (i % 3)),
                     textcoords="offset points", fontsize=7, color=colour)
     lines, lines2 = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
     # the legend below the axes: it never covers the curves
     fig.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower center", ncol=2, fontsize=7.5, frameon=False)
-    ax.set_title(f"DLRM: loss and AUC over {len(m['segments'])} segment(s)")
+    ax.set_title(f"DLRM: loss and AUC over {len(m['segments'])} segment(s)", pad=8 + 10 * min(len(events), 3))
     fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(lines[1]) + len(lines2[1]) + 1) // 2), 1, 1))
     return fig
+
+
+def _clip_spikes(ax, values: list) -> None:
+    """A loss spike (the drift's first steps: 32 ids summed into one bag) would flatten the rest of the
+    curve: the axis stops at 1.5x the 99th percentile, and the axis label gives the clipped peak."""
+    xs = sorted(v for v in values if v is not None and math.isfinite(v))
+    if len(xs) < 20:
+        return
+    top = 1.5 * xs[int(0.99 * (len(xs) - 1))]
+    if xs[-1] > top:
+        ax.set_ylim(0, top)
+        ax.set_ylabel(f"loss (BCE; clipped at {top:.2f}, peak {xs[-1]:.2f})")
 
 
 def _plot_load(path: Path, m: dict) -> None:

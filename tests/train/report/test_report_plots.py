@@ -38,7 +38,9 @@ def test_the_loss_plot_keeps_its_legend_and_labels_off_the_data():
     from shardwise.train.report.summary import _loss_figure
 
     seg = {"index": 0, "kind": "start", "attempt": 0, "world_size": 2, "first_step": 0, "last_step": 40}
-    m = {"loss": {"step": list(range(1, 41)), "value": [1.0 / s for s in range(1, 41)]},
+    loss = [1.0 / s for s in range(1, 41)]
+    loss[18] = 50.0   # the drift's first step: a spike that would flatten the rest of the curve
+    m = {"loss": {"step": list(range(1, 41)), "value": loss},
          "auc": {"step": [10, 20, 30, 40], "train_window": [0.6, 0.7, 0.72, 0.75], "eval": 0.74},
          "eval_data": "held-out synthetic examples",
          # a resume and a reshard at the same step, a drift just before: their labels must not overlap
@@ -61,5 +63,6 @@ def test_the_loss_plot_keeps_its_legend_and_labels_off_the_data():
     # the eval AUC is a point at the last step (not only a number in the title)
     star = [line for line in fig.axes[1].lines if line.get_marker() == "*"]
     assert len(star) == 1 and list(star[0].get_xdata()) == [40] and list(star[0].get_ydata()) == [0.74]
+    assert ax.get_ylim()[1] < 5 and "peak 50.00" in ax.get_ylabel()
     boxes = [t.get_window_extent(renderer) for t in ax.texts]
     assert len(boxes) == 3 and not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
