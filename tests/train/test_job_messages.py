@@ -107,3 +107,24 @@ def test_a_memory_budget_the_tables_cannot_fit_fails_before_launch(flags, typed,
     assert f"Raise {typed} (e.g. {typed} " in err and not launches
     other = "--memory-per-rank-mb" if typed == "--memory-per-rank" else "--memory-per-rank "
     assert other not in err
+
+
+def test_a_bad_line_found_in_the_job_gives_one_error_and_no_resume_advice(tmp_path, capfd, monkeypatch):
+    # a log too large to be read before the launch (the limit lowered here): the bad line, in the second
+    # file, is met by the job's readers on every rank; --resume would meet it again
+    import shardwise.train.data as train_data
+
+    monkeypatch.setattr(train_data, "_FULL_CHECK_BYTES", 0)
+    good, bad = tmp_path / "a.tsv", tmp_path / "b.tsv"
+    good.write_text(f"{GOOD}\n" * 256)
+    bad.write_text(f"{GOOD}\n" * 10 + GOOD.replace("3", "x", 1) + "\n" + f"{GOOD}\n" * 100)
+    out = tmp_path / "r"
+    assert main(["train", "--nproc-per-node", "2", "--out", str(out), "--quiet", "--rows", "400", "--steps", "8",
+                 "--batch-size", "32", "--checkpoint-every", "4", "--reshard-at", "0",
+                 "--data", f"{good},{bad}"]) == 1
+    err = capfd.readouterr().err
+    # one line for the cause every rank shares (no launcher traceback wall), the way on without --resume
+    assert "Traceback" not in err and err.count("raised ValueError") == 1, err
+    assert "b.tsv line 11, field I1: 'x' is not an integer" in err and "rerun with --skip-bad-lines" in err
+    assert "--resume alone would read the same line again" in err and "same command with --resume" not in err
+    assert "Traceback" in (out / "failure.txt").read_text()
