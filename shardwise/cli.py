@@ -145,14 +145,26 @@ def _cmd_train(ns) -> int:
         raise ValueError(f"--eval-fraction holds out the end of --data, which a stream of text logs does not know "
                          f"in advance: prepare them first (shardwise data prepare {cfg.data.replace(',', ' ')} "
                          f"--out DIR, then --data DIR) or pass --eval-data")
+    bad = 0
     for path in (cfg.data, cfg.eval_data):
         if path:
-            check_logs(path, cfg.skip_bad_lines)   # a malformed input fails here, before any process starts
+            bad += check_logs(path, cfg.skip_bad_lines) or 0   # a malformed input fails here, before any process starts
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
+    from .train.host import host_cores
+    from .train.prelaunch import check_before_launch
+    from .train.worker import memory_flag
+
+    world = ns.nproc_per_node * int(ns.nnodes) if str(ns.nnodes).isdigit() else None
+    for note in check_before_launch(cfg, world, ns.nproc_per_node, host_cores(), memory_flag(ns)):
+        print(note, file=sys.stderr)
+    if bad:
+        print(f"--skip-bad-lines: {bad:,} malformed line(s) in the inputs (each file read in full before launch) "
+              f"will be skipped", file=sys.stderr)
     try:
         with worker_environment():   # the workers (and restarted ones) inherit it
-            launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts, ns.node_rank)
+            metrics = launch(cfg, ns.nproc_per_node, ns.nnodes, ns.rdzv_endpoint, ns.rdzv_id, ns.max_restarts,
+                             ns.node_rank)
     except Exception as e:   # the launcher's ChildFailedError: name the ranks, the causes, the way on
         if type(e).__name__ != "ChildFailedError":
             raise
@@ -160,6 +172,9 @@ def _cmd_train(ns) -> int:
 
         print(describe_failure(e, cfg, ns.max_restarts), file=sys.stderr)
         return 1
+    if metrics and cfg.skip_bad_lines:
+        print(f"--skip-bad-lines: {metrics.get('bad_lines_skipped', 0):,} malformed line(s) skipped in the lines this "
+              f"run read" + (f" ({bad:,} in the whole inputs)" if bad else ""))
     return 0
 
 

@@ -38,6 +38,11 @@ _HIGH = np.uint64(0x80 * _ONES)
 _KEEP_HIGH = np.array([0] + [(2**64 - 1) ^ (2**(64 - 8 * w) - 1) for w in range(1, 9)], dtype=np.uint64)
 
 
+# every bad-line error says how to go on without fixing the file (shardwise train and data prepare
+# both take the flag)
+SKIP_HINT = "or pass --skip-bad-lines to skip and count malformed lines"
+
+
 @dataclass(frozen=True)
 class ChunkOptions:
     """How to parse: skip bad lines (and count them) or raise; threads for pyarrow's tokenizer."""
@@ -140,7 +145,10 @@ def _python_chunk(data: bytes, name: str, opts: ChunkOptions, first_line: Option
             if opts.skip_bad_lines:
                 bad += 1
                 continue
-            explain_line(raw + b"\n", (first_line() if first_line is not None else 1) + k, name)
+            try:
+                explain_line(raw + b"\n", (first_line() if first_line is not None else 1) + k, name)
+            except ValueError as e:
+                raise ValueError(f"{e} ({SKIP_HINT})") from None
             raise AssertionError(f"{name}: the line parser accepted a line it had refused") from None
         if parsed is not None:
             labels.append(parsed[0])

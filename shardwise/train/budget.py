@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["parse_size", "measured_budget_bytes", "budget_bytes", "table_sizes"]
+__all__ = ["parse_size", "measured_budget_bytes", "budget_bytes", "table_sizes", "peak_rss_per_rank"]
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40}
@@ -66,3 +66,16 @@ def table_sizes(default: Sequence[int], per_feature: Optional[Sequence[int]], ma
     capped at ``--max-rows`` (ids then fold modulo the size, like DLRM's max index range)."""
     sizes = list(per_feature) if per_feature else list(default)
     return [min(int(n), max_rows) if max_rows else int(n) for n in sizes]
+
+
+def peak_rss_per_rank(device: torch.device) -> list:
+    """Collective: every rank's peak resident memory in bytes (the OS's high-water mark of the whole
+    process: tables, dense model, batches, torch and gloo), in rank order; the report puts it next to
+    what each rank's tables need."""
+    import resource
+
+    mine = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024   # KiB on Linux
+    t = torch.tensor([mine], dtype=torch.int64, device=device)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [int(x.item()) for x in out]

@@ -111,8 +111,7 @@ def resume_point(cfg) -> Path:
     saved = json.loads(meta["config"])
     # table shapes must match what was saved; batch size, dense mode and world size may change
     keys = ("rows", "dim", "num_embeddings_per_feature", "max_rows")
-    differ = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(cfg, k)})" for k in keys
-              if saved.get(k) != getattr(cfg, k)]
+    differ = [_differs(k, saved.get(k), getattr(cfg, k)) for k in keys if saved.get(k) != getattr(cfg, k)]
     if differ:
         raise ValueError(f"--resume: {path} was saved with {', '.join(differ)}; resume with the same table "
                          f"sizes or start a new run in another --out")
@@ -120,6 +119,16 @@ def resume_point(cfg) -> Path:
         raise ValueError(f"--resume: {path} was written by an older shardwise (its meta has no run story: segments, "
                          f"load windows, reshards); start a new run in another --out")
     return path
+
+
+def _differs(key: str, saved, now) -> str:
+    """One setting that differs; for the 26 table sizes, only the features that do."""
+    flag = f"--{key.replace('_', '-')}"
+    if key == "num_embeddings_per_feature" and saved and now and len(saved) == len(now):
+        feats = [f"C{i + 1}: {a} (now {b})" for i, (a, b) in enumerate(zip(saved, now)) if a != b]
+        more = f" and {len(feats) - 6} more" if len(feats) > 6 else ""
+        return f"{flag} sizes that differ in {len(feats)} feature(s): {', '.join(feats[:6])}{more}"
+    return f"{flag} {saved} (now {now})"
 
 
 def read_meta(path) -> dict:

@@ -64,6 +64,11 @@ class TrainConfig:
     # seconds a collective may wait for a missing rank before every waiting rank fails loudly
     collective_timeout: float = 600.0
     sharding_types: Optional[list] = None   # the planner's choices; None: JOB_SHARDING_TYPES
+    # the synthetic log's drift (train/drift.py): from this step on, drift_features get drift_factor
+    # ids per example; None: no drift (the plain stream that benchmarks and golden values use)
+    drift_at: Optional[int] = None
+    drift_factor: int = 32
+    drift_features: Optional[list] = None   # None: train/drift.py's DRIFT_FEATURES
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "rows", "dim", "eval_examples", "log_every"):
@@ -107,6 +112,7 @@ class TrainConfig:
                 raise ValueError(f"sharding_types={self.sharding_types!r}: {bad or 'empty'} not among {list(_ALL_TYPES)}; "
                                  f"e.g. --sharding-types table_wise to force an all-table-wise plan")
             self.sharding_types = list(self.sharding_types)
+        self._check_drift()
         if self.rows < 8:
             raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
 
@@ -128,6 +134,25 @@ class TrainConfig:
                                  "already scores held-out examples)")
             if self.eval_data:
                 raise ValueError("give --eval-data or --eval-fraction, not both")
+
+    def _check_drift(self) -> None:
+        if self.drift_at is None:
+            return
+        if not isinstance(self.drift_at, int) or isinstance(self.drift_at, bool) or self.drift_at < 0:
+            raise ValueError(f"drift_at={self.drift_at!r} must be a step >= 0 (--drift-at STEP)")
+        if self.data:
+            raise ValueError(f"--drift-at drifts the built-in synthetic log; --data {self.data!r} is a real log: "
+                             f"leave one of them out")
+        if not isinstance(self.drift_factor, int) or isinstance(self.drift_factor, bool) or self.drift_factor < 2:
+            raise ValueError(f"drift_factor={self.drift_factor!r} must be an int >= 2 (ids per example after the "
+                             f"drift), e.g. --drift-factor 16")
+        if self.drift_features is not None:
+            names = [f"C{i}" for i in range(1, 27)]
+            bad = [f for f in self.drift_features if f not in names]
+            if bad or not self.drift_features:
+                raise ValueError(f"drift_features={self.drift_features!r}: {bad or 'empty'} not among C1..C26, "
+                                 f"e.g. --drift-features C3,C7")
+            self.drift_features = list(self.drift_features)
 
     @property
     def checkpoint_path(self) -> str:

@@ -287,10 +287,11 @@ class Rows:
 _FULL_CHECK_BYTES = 256 << 20
 
 
-def check_logs(path: str, skip_bad_lines: bool = False) -> None:
+def check_logs(path: str, skip_bad_lines: bool = False):
     """Before launch: the inputs exist and are what they claim (gzip, a prepared folder's manifest and
     sizes); text logs up to 256 MiB are parsed whole, so a bad line fails here rather than in the
-    job (larger ones fail in the job, on every rank together)."""
+    job (larger ones fail in the job, on every rank together). Returns the malformed lines skipped in
+    the whole logs when they were read in full, else None."""
     import os
 
     from ..data import PreparedClickLogs, open_click_logs
@@ -298,11 +299,12 @@ def check_logs(path: str, skip_bad_lines: bool = False) -> None:
     paths = [p for p in path.split(",") if p]
     reader = open_click_logs(paths, 0, 1, skip_bad_lines=skip_bad_lines, prefetch=False)
     if isinstance(reader, PreparedClickLogs) or sum(os.path.getsize(p) for p in paths) > _FULL_CHECK_BYTES:
-        return
+        return None
     try:
         for _ in reader.blocks():
             pass
         reader.batch(0, 1)     # raises when the logs hold no example at all
+        return reader.bad_lines   # malformed lines in the whole logs (with skip_bad_lines)
     finally:
         reader.close()
 

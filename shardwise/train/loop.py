@@ -9,6 +9,7 @@ Example (inside an initialised process group; ``shardwise train`` does all of th
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import time
@@ -18,34 +19,27 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..embedding import GreedyShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
+from ..embedding import GreedyShardingPlanner, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
 from .config import JOB_SHARDING_TYPES, TrainConfig
-from .budget import budget_bytes, table_sizes
+from .budget import budget_bytes, peak_rss_per_rank, table_sizes
 from .data import PerRank, Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
+from .drift import DRIFT_FEATURES, DriftingClicks
 from .dense import make_dense_runner
 from .model import DLRMDense, auc, make_ebc, make_tables
 from .report import Progress, console
-from .replan import describe, keep_plan
+from .replan import keep_plan, plan_from_json, plan_to_json
 from .pipeline import TrainPipeline
-from .reshard import live_reshard
+from .prelaunch import resumed_batch
+from .reshard import live_reshard, measured_ids_per_bag
 from .report.steady import Steady
 from .report.steplog import StepLog
-from .report import add_reshard, add_window, close_segment, max_over_mean, new_story, open_segment
+from .report import add_reshard, add_window, close_segment, new_story, open_segment
+from .report.notices import drift_notice, reshard_notice, segment_notice
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 
 _EVAL_START = 1 << 40   # synthetic eval examples come from far beyond any training cursor
-
-
-def plan_to_json(plan: dict) -> dict:
-    return {t: {"type": ps.sharding_type.value, "ranks": None if ps.ranks is None else list(ps.ranks),
-                "host": ps.host_index} for t, ps in plan.items()}
-
-
-def plan_from_json(raw: dict) -> dict:
-    return {t: ParameterSharding(ShardingType(v["type"]), None if v["ranks"] is None else tuple(v["ranks"]),
-                                 v["host"]) for t, v in raw.items()}
 
 
 # steps that are not steady state: the first traces the compiled dense graph, the next ones still
@@ -60,6 +54,9 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, mesh, ranks_on_host: int = 1):
         self.cfg, self.mesh = cfg, mesh
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        meta = self._resume_meta()
+        if meta is not None:   # the saved run's global batch is kept: the per-process batch follows the world
+            cfg.batch_size = resumed_batch(meta["world"] * json.loads(meta["config"])["batch_size"], self.world)
         self.device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device(mesh.device_type)
         self.cards = table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows)
@@ -75,7 +72,6 @@ class Trainer:
         self.reshard_state = "off" if cfg.reshard_at == 0 else "pending"   # -> "done" after the reshard
         self.story = new_story()
         self.elapsed = 0.0
-        meta = self._resume_meta()
         if meta is None:
             self.plan, moves = self.planner.plan(self.tables), {}
         else:   # the live plan of the saved run, kept wherever its ranks still exist
@@ -85,12 +81,13 @@ class Trainer:
         self._open_segment(meta, moves)
 
     # ---- setup ------------------------------------------------------------------------------------
-    def planner_for(self, world: int) -> GreedyShardingPlanner:
-        """The job's planner for ``world`` ranks (the report estimates earlier segments' plans with it)."""
+    def planner_for(self, world: int, ids_per_bag=1.0) -> GreedyShardingPlanner:
+        """The job's planner for ``world`` ranks (the report estimates earlier segments' plans with it);
+        the live reshard's has the measured ``ids_per_bag`` per table."""
         types = [ShardingType(t) for t in self.cfg.sharding_types or JOB_SHARDING_TYPES]
         return GreedyShardingPlanner(world, self.memory_bytes, memory_flag="--memory-per-rank",
-                                        batch_size_per_rank=self.cfg.batch_size, ids_per_bag=1.0,
-                                        sharding_types=types, calibration=self.calibration)
+                                      batch_size_per_rank=self.cfg.batch_size, ids_per_bag=ids_per_bag,
+                                      sharding_types=types, calibration=self.calibration)
 
     def _open_logs(self) -> tuple:
         """(training log, held-out log, what the eval scores): the synthetic log's eval examples lie far
@@ -106,7 +103,7 @@ class Trainer:
             n = len(data)
             cut = n - max(1, int(round(n * cfg.eval_fraction)))
             return Rows(data, 0, cut), Rows(data, cut, n), f"last {n - cut} of {n} rows of {cfg.data} (held out)"
-        if isinstance(data, SyntheticClicks):
+        if isinstance(data, (SyntheticClicks, DriftingClicks)):
             return data, None, "held-out synthetic examples"
         return data, None, f"first rows of {cfg.data} (also trained on: pass --eval-data or --eval-fraction)"
 
@@ -115,7 +112,13 @@ class Trainer:
         text logs (comma-separated; each rank parses only its own stripes), where a bad line on one rank
         raises on every rank."""
         if not path:
-            return open_data(None, self.cfg.seed, self.cards)
+            cfg = self.cfg
+            log = open_data(None, cfg.seed, self.cards)
+            if cfg.drift_at is None:
+                return log
+            # the global batch is the same in every segment of a run, so step -> example is fixed
+            return DriftingClicks(log, cfg.drift_at * self.world * cfg.batch_size,
+                                  cfg.drift_features or DRIFT_FEATURES, cfg.drift_factor)
         from ..data import AgreedReader, open_click_logs
 
         paths = [p for p in path.split(",") if p]
@@ -156,7 +159,7 @@ class Trainer:
                      os.environ.get("TORCHELASTIC_RUN_ID"), restart, moves, est.memory, est.cost,
                      torch.get_num_threads())
         if self.rank == 0 and kind != "start":
-            console.print(_segment_notice(kind, restart, meta, self.world, moves))
+            console.print(segment_notice(kind, restart, meta, self.world, moves))
 
     def _build(self, meta: Optional[dict]) -> None:
         cfg = self.cfg
@@ -195,11 +198,14 @@ class Trainer:
             self.reshard_state = "pending"
         w = meta.get("open_window")
         if w:
-            add_window(self.story, w["label"] + " (up to the checkpoint)", w["first"], meta["step"], w["per_rank"])
+            add_window(self.story, w["label"] + " (up to the checkpoint)", w["first"], meta["step"], w["per_rank"],
+                       w.get("step_ms"))
         self.elapsed = meta["elapsed"]
 
     # ---- one step -------------------------------------------------------------------------------
     def _inputs(self, start: int, count: int):
+        if isinstance(self.data, DriftingClicks):
+            return self.data.model_inputs(start, count, self.cards, self.device)
         return to_model_inputs(self.data.batch(start, count), self.cards, self.device)
 
     def _batches(self):
@@ -242,6 +248,8 @@ class Trainer:
         cfg = self.cfg
         with progress:
             while self.step < cfg.steps:
+                if cfg.drift_at and self.step == cfg.drift_at and self.step > self.window_from:
+                    self._close_window("before the drift", progress)
                 # the decision needs a window of measured load on this layout: after a resume or
                 # restart the reshard waits until the new processes have measured enough steps
                 resharded = self.reshard_state == "pending" and self.step >= cfg.reshard_at \
@@ -289,39 +297,57 @@ class Trainer:
         step, rate = self._shown
         progress.update(step, loss_g, log.last_auc(), rate)
 
-    def _reshard(self, progress) -> None:
+    def _close_window(self, label: str, progress) -> list:
+        """Collective: end the window of measured load at this step (its load and median step time go
+        into the story) and start the next one."""
         stats = self.sparse.load_stats(reset=True)   # collective: the same numbers on every rank
+        add_window(self.story, label, self.window_from, self.step, stats.per_rank(),
+                   self.steady.median_ms(self.window_from, self.step))
+        self.window_from = self.step
+        if label == "before the drift" and self.rank == 0:
+            progress.notice(drift_notice(self.step, self.cfg, self.story["windows"][-1]))
+        return stats
+
+    def _reshard(self, progress) -> None:
+        first = self.window_from
+        stats = self._close_window("before reshard", progress)
         before = stats.per_rank()
-        add_window(self.story, "before reshard", self.window_from, self.step, before)
+        # the planner that decides sees the ids per bag measured in the window, not those assumed at start-up
+        planner = self.planner_for(self.world, measured_ids_per_bag(stats, self.tables, self.world * self.cfg.batch_size))
         budget = self.memory_bytes
         # the same figure bounds the bytes moved and, through the planner, the memory of every rank
         res = live_reshard(self.sparse, stats, self.plan, max_bytes_moved=budget, max_bytes_per_rank=budget,
-                           planner=self.planner, tables=self.tables)
-        old, new = self.planner.estimate(self.plan, self.tables), self.planner.estimate(res.plan, self.tables)
+                           planner=planner, tables=self.tables)
+        old, new = planner.estimate(self.plan, self.tables), planner.estimate(res.plan, self.tables)
         rec = add_reshard(self.story, {
             "step": self.step, "status": res.status, "reason": res.reason, "changes": plan_to_json(res.changes),
             "measured_before": before, "memory_before": old.memory, "memory_after": new.memory,
             "estimated_before": old.cost, "estimated_after": new.cost, "stats": res.stats,
+            "predicted_after": _predicted(stats, res.plan, planner, self.tables),
+            "step_ms_before": self.story["windows"][-1]["step_ms"], "window_before": [first, self.step],
             "plan_after": plan_to_json(res.plan)})
-        self.plan, self.reshard_state, self.window_from = res.plan, "done", self.step
+        self.plan, self.reshard_state = res.plan, "done"
         if self.rank == 0:
-            progress.notice(_reshard_notice(rec))
+            progress.notice(reshard_notice(rec))
             if res.status == "applied" and not self.cfg.quiet:
                 from .report import print_plan
-                print_plan(self.planner, self.plan, self.tables, "sharding plan after the live reshard")
+                print_plan(planner, self.plan, self.tables, "sharding plan after the live reshard (estimates with "
+                           "the measured ids per bag)")
 
     def _window_label(self) -> str:
         seg = len(self.story["segments"]) - 1
         here = [r for r in self.story["reshards"] if r["segment"] == seg]
         if not here:
-            return "whole segment"
+            drift = [w for w in self.story["windows"] if w["segment"] == seg and w["label"] == "before the drift"]
+            return "after the drift" if drift else "whole segment"
         return "after reshard" if here[-1]["status"] == "applied" else f"after reshard check ({here[-1]['status']})"
 
     def save(self) -> None:
         close_segment(self.story, self.step)
         # the window still open: a run resumed from this checkpoint shows it as its segment's last
         open_window = None if self.step == self.window_from else {
-            "label": self._window_label(), "first": self.window_from, "per_rank": self.sparse.load_stats().per_rank()}
+            "label": self._window_label(), "first": self.window_from, "per_rank": self.sparse.load_stats().per_rank(),
+            "step_ms": self.steady.median_ms(self.window_from, self.step)}
         meta = {"open_window": open_window, "step": self.step, "cursor": self.cursor, "world": self.world, "plan": plan_to_json(self.plan),
                 "history": self.history, "story": self.story, "reshard_state": self.reshard_state,
                 "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json()}
@@ -337,7 +363,7 @@ class Trainer:
             batch = self.eval_data.batch(self.rank * n, n)
             dense, kjt, labels = to_model_inputs(batch, self.cards, self.device)
         else:
-            start = _EVAL_START if isinstance(self.data, SyntheticClicks) else 0
+            start = _EVAL_START if isinstance(self.data, (SyntheticClicks, DriftingClicks)) else 0
             dense, kjt, labels = self._inputs(start + self.rank * n, n)
         with torch.no_grad():
             pooled = self.sparse(kjt).values()
@@ -347,8 +373,9 @@ class Trainer:
     def finish(self, seen0: int) -> Optional[dict]:
         if self.step > self.window_from:
             add_window(self.story, self._window_label(), self.window_from, self.step,
-                       self.sparse.load_stats().per_rank())
+                       self.sparse.load_stats().per_rank(), self.steady.median_ms(self.window_from, self.step))
         close_segment(self.story, self.step)
+        self.peak_rss = peak_rss_per_rank(self.device)   # collective
         eval_auc = self.evaluate()
         bad = torch.tensor([getattr(self.data, "bad_lines", 0)], dtype=torch.int64, device=self.device)
         dist.all_reduce(bad)
@@ -361,35 +388,8 @@ class Trainer:
         return metrics
 
 
-def _segment_notice(kind: str, restart: int, meta: Optional[dict], world: int, moves: dict) -> str:
-    if kind == "restart":
-        limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
-        where = f"resuming from the checkpoint of step {meta['step']}" if meta else \
-            "no committed checkpoint yet: starting again from step 0"
-        head = f"[bold yellow]elastic restart {restart} of {limit}[/]: a worker failed and the group was restarted; {where}"
-    else:
-        head = f"[bold yellow]resumed[/] from the checkpoint of step {meta['step']}"
-    if meta is None:
-        return head
-    head += f" on {world} ranks (saved on {meta['world']})"
-    if not moves:
-        return head + ": every table stays where it was"
-    lines = [f"  {t}: {m['from']} -> {m['to']} ({m['why']})" for t, m in moves.items()]
-    return head + f"; {len(moves)} tables placed anew:\n" + "\n".join(lines)
+def _predicted(stats, plan: dict, planner, tables) -> list:
+    """Per-rank measured load of the last window had ``plan`` been in force (the load model's figure)."""
+    from .reshard import predicted_load
 
-
-def _reshard_notice(rec: dict) -> str:
-    step = rec["step"]
-    if rec["status"] == "applied":
-        moved = ", ".join(f"{t} -> {describe(ps)}" for t, ps in plan_from_json(rec["changes"]).items())
-        sent = rec["stats"].get("bytes_sent")
-        size = f" ({sum(sent) / 2**20:.2f} MiB moved in {rec['stats'].get('wall_time_s', 0):.2f}s)" if sent else ""
-        mem = "memory per rank (weights + optimizer state): " + " ".join(
-            f"{a / 2**20:.1f}->{b / 2**20:.1f} MiB" for a, b in zip(rec["memory_before"], rec["memory_after"]))
-        imb = max_over_mean(rec["measured_before"])
-        note = f"\n{rec['reason']}" if rec["reason"] else ""
-        return (f"[bold green]live reshard at step {step}[/] (measured load max/mean {imb:.2f} over the last "
-                f"window): {moved}{size}\n{mem}{note}")
-    if rec["status"] == "no-change":
-        return f"[yellow]reshard check at step {step}: {rec['reason']}; plan kept[/]"
-    return f"[bold red]reshard at step {step} failed:[/] {rec['reason']}"
+    return predicted_load(stats, plan, planner.estimate(plan, tables))

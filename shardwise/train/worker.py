@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from .config import TrainConfig
 
-__all__ = ["main", "run_worker", "add_train_arguments", "config_from_args", "check_output_paths"]
+__all__ = ["main", "run_worker", "add_train_arguments", "config_from_args", "check_output_paths", "memory_flag"]
 
 
 def _size_mb(text: str) -> float:
@@ -75,7 +75,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="embedding memory per rank (weights + optimizer state), e.g. 6GiB, that the plan, a resume "
                         "and the live reshard must respect (default: measured on rank 0 -- the GPU's free memory, "
                         "or the machine's available memory / the ranks on its host -- minus headroom)")
-    p.add_argument("--memory-per-rank-mb", dest="memory_per_rank_mb", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--memory-per-rank-mb", dest="memory_per_rank_mb_alias", type=float, help=argparse.SUPPRESS)
     p.add_argument("--num-embeddings-per-feature", type=_int_list, default=None, metavar="N1,...,N26",
                    help="the 26 table sizes (TorchRec's DLRM flag; wins over --rows)")
     p.add_argument("--max-rows", type=int, default=None,
@@ -94,6 +94,14 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sharding-types", type=_name_list, default=None, metavar="T1,T2",
                    help="sharding types the planner may choose among, e.g. table_wise to force an all-table-wise "
                         "plan (default: table_wise,row_wise,data_parallel)")
+    p.add_argument("--drift-at", type=int, default=None, metavar="STEP",
+                   help="from step STEP on, some features of the synthetic log carry --drift-factor ids per example "
+                        "(as after a product launch): the start-up plan goes out of balance and the live reshard "
+                        "has something to fix; `make demo` uses it (default: no drift)")
+    p.add_argument("--drift-factor", type=int, default=d.drift_factor,
+                   help="ids per example of a drifted feature (default %(default)s)")
+    p.add_argument("--drift-features", type=_name_list, default=None, metavar="C3,C7",
+                   help="the features that drift (default: C3,C7,C11,C15)")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
 
@@ -104,10 +112,22 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        checkpoint_every=ns.checkpoint_every, checkpoint_dir=ns.checkpoint_dir, resume=ns.resume,
                        data=ns.data, seed=ns.seed, dense_parallel=ns.dense_parallel,
                        compile_update=ns.compile_update, rows=ns.rows, dim=ns.dim,
-                       memory_per_rank_mb=ns.memory_per_rank_mb, threads=ns.threads,
+                       memory_per_rank_mb=_memory_mb(ns), threads=ns.threads,
                        num_embeddings_per_feature=ns.num_embeddings_per_feature, max_rows=ns.max_rows,
                        eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout,
-                       sharding_types=ns.sharding_types)
+                       sharding_types=ns.sharding_types, drift_at=ns.drift_at, drift_factor=ns.drift_factor,
+                       drift_features=ns.drift_features)
+
+
+def _memory_mb(ns: argparse.Namespace):
+    alias = getattr(ns, "memory_per_rank_mb_alias", None)
+    return ns.memory_per_rank_mb if ns.memory_per_rank_mb is not None else alias
+
+
+def memory_flag(ns: argparse.Namespace) -> str:
+    """The memory flag as the user typed it (errors name that one)."""
+    return "--memory-per-rank-mb" if getattr(ns, "memory_per_rank_mb_alias", None) is not None \
+        and ns.memory_per_rank_mb is None else "--memory-per-rank"
 
 
 def check_output_paths(cfg: TrainConfig) -> None:

@@ -47,3 +47,20 @@ def test_says_how_to_go_on(tmp_path, every, saved, want):
         ckpt.save_checkpoint(cfg.checkpoint_path, 8, {"w": torch.zeros(2)}, {"step": 8})
     text = describe_failure(_failures(tmp_path), cfg)
     assert want in text and ("same command with --resume" in text) == saved and "after" not in text.splitlines()[0]
+
+
+def test_a_bad_line_is_not_answered_with_resume(tmp_path):
+    # the same line would fail again after --resume: the way on is to fix it or skip such lines
+    cfg = TrainConfig(out=str(tmp_path / "r"), checkpoint_every=4)
+    import torch
+
+    ckpt.save_checkpoint(cfg.checkpoint_path, 8, {"w": torch.zeros(2)}, {"step": 8})
+    bad = "ValueError: day.tsv line 7, field I3: 'x' is not an integer (or pass --skip-bad-lines to skip and count " \
+          "malformed lines)"
+    err = ChildFailedError("run_worker", {r: ProcessFailure(r, 100 + r, 1, _error_file(tmp_path, bad)) for r in (0, 1)})
+    text = describe_failure(err, cfg)
+    lines = text.splitlines()
+    # one line for the cause both ranks share, the tracebacks in a file, no --resume advice
+    assert lines[1] == f"  rank 0 (local rank 0, pid 100), rank 1 (local rank 1, pid 101) raised {bad} (exit code 1)"
+    assert "rerun with --skip-bad-lines" in text and "same command with --resume" not in text
+    assert (tmp_path / "r" / "failure.txt").read_text().count("== rank") == 2

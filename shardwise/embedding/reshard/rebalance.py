@@ -27,13 +27,39 @@ class _Cfg:
     embedding_dim: int
 
 
-def _candidates(t: TableLoad, world: int) -> list:
-    """Shardings tried for one table, in a fixed order (ties go to the earlier one)."""
+_ALL = (ShardingType.TABLE_WISE, ShardingType.ROW_WISE, ShardingType.COLUMN_WISE, ShardingType.DATA_PARALLEL)
+
+
+def _candidates(t: TableLoad, world: int, types) -> list:
+    """Shardings tried for one table, in a fixed order (ties go to the earlier one), among ``types``."""
     out = [table_wise(r) for r in range(world)] + [row_wise()]
     if t.dim >= world and not t.row_state:
         out.append(column_wise(list(range(world))))
     out.append(data_parallel())
-    return out
+    return [ps for ps in out if ps.sharding_type in types]
+
+
+def _check(load_stats, max_bytes, sharding_types) -> frozenset:
+    """The allowed types, after checking every input (before any work)."""
+    if not isinstance(load_stats, LoadStats):
+        raise TypeError(f"load_stats must be a LoadStats (from sharded.load_stats()), got "
+                        f"{type(load_stats).__name__}; it carries the table sizes and boxes a proposal needs")
+    if not isinstance(max_bytes, (int, float)) or isinstance(max_bytes, bool) or max_bytes < 0:
+        raise ValueError(f"max_bytes={max_bytes!r} must be a number >= 0 (bytes that may move)")
+    return _allowed(sharding_types)
+
+
+def _allowed(sharding_types) -> frozenset:
+    if sharding_types is None:
+        return frozenset(_ALL)
+    try:
+        types = frozenset(ShardingType(t) for t in sharding_types)
+    except (ValueError, TypeError):
+        raise ValueError(f"sharding_types={sharding_types!r}: each must be one of "
+                         f"{[t.value for t in ShardingType]}, e.g. ['row_wise', 'data_parallel']") from None
+    if not types:
+        raise ValueError("sharding_types=[] allows no layout at all; pass None for every type or name some")
+    return types
 
 
 def _moved_bytes(t: TableLoad, new_boxes: list, world: int) -> float:
@@ -48,9 +74,12 @@ def _score(load: list) -> tuple:
     return (max(load), sum(x * x for x in load))
 
 
-def propose_rebalance(load_stats: LoadStats, max_bytes: int) -> dict:
+def propose_rebalance(load_stats: LoadStats, max_bytes: int, sharding_types=None) -> dict:
     """``changes`` for :func:`reshard` that lower the maximum per-rank lookup load, moving at most
     ``max_bytes`` (weights + optimizer state that cross the wire). Empty when nothing helps.
+    ``sharding_types`` (``ShardingType`` values or their names; None: table-wise, row-wise,
+    column-wise and data-parallel) are the only layouts a proposal may use -- pass the planner's
+    ``types`` so a live reshard never picks a layout the user excluded from the plan.
 
     ``load_stats`` is a :class:`LoadStats` from ``sharded.load_stats()`` (collective; per table: ids
     per step in row buckets and per asking rank, current boxes, bytes per element). The proposal is
@@ -65,11 +94,7 @@ def propose_rebalance(load_stats: LoadStats, max_bytes: int) -> dict:
         >>> propose_rebalance(sharded.load_stats(), max_bytes=1 << 30)
         {}
     """
-    if not isinstance(load_stats, LoadStats):
-        raise TypeError(f"load_stats must be a LoadStats (from sharded.load_stats()), got "
-                        f"{type(load_stats).__name__}; it carries the table sizes and boxes a proposal needs")
-    if not isinstance(max_bytes, (int, float)) or isinstance(max_bytes, bool) or max_bytes < 0:
-        raise ValueError(f"max_bytes={max_bytes!r} must be a number >= 0 (bytes that may move)")
+    types = _check(load_stats, max_bytes, sharding_types)
     world = load_stats.world_size
     topo = LayoutTopology(world, load_stats.hosts or (tuple(range(world)),))
     loads = {t.name: t.rank_load(t.boxes, t.sharding.sharding_type, world) for t in load_stats.tables}
@@ -81,7 +106,7 @@ def propose_rebalance(load_stats: LoadStats, max_bytes: int) -> dict:
         for t in load_stats.tables:
             if any(name == t.name for name, _ in moves):
                 continue
-            for ps in _candidates(t, world):
+            for ps in _candidates(t, world, types):
                 boxes = SHARDERS[ps.sharding_type].layout(_Cfg(t.name, t.rows, t.dim), ps, topo)
                 if boxes == list(t.boxes) and ps.sharding_type == t.sharding.sharding_type:
                     continue

@@ -12,6 +12,8 @@ Example:
     >>> s.add(1, 0.9, "startup"); s.add(2, 0.01, None); s.add(3, 0.01, None)
     >>> s.summary()["examples_per_s"]
     51200.0
+    >>> s.median_ms(1, 3)          # steps 2..3, the counted ones of a window from step 1 to step 3
+    10.0
 """
 
 from __future__ import annotations
@@ -30,14 +32,26 @@ class Steady:
         self.examples_per_step = int(examples_per_step)
         self.seconds, self.counted = 0.0, 0
         self.excluded: dict = {k: [] for k in EXCLUDED_KINDS}
+        self.times: dict = {}   # step -> seconds, counted steps only
 
     def add(self, step: int, seconds: float, excluded: Optional[str]) -> None:
         """Step ``step`` took ``seconds``; ``excluded`` is None or one of :data:`EXCLUDED_KINDS`."""
         if excluded is None:
             self.seconds += seconds
             self.counted += 1
+            self.times[step] = seconds
         else:
             self.excluded[excluded].append(step)
+
+    def median_ms(self, first: int, last: int):
+        """Median milliseconds of the counted steps ``first+1 .. last`` (a window of measured load runs
+        from the step count ``first`` to ``last``); None when none was counted. The median, so one step
+        that waited on the machine's other work does not move it."""
+        xs = sorted(v for k, v in self.times.items() if first < k <= last)
+        if not xs:
+            return None
+        mid = len(xs) // 2
+        return 1e3 * (xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2)
 
     def summary(self) -> dict:
         """JSON-ready: ``examples_per_s`` (None before any counted step), the steps and seconds counted

@@ -50,11 +50,12 @@ def close_segment(story: dict, step: int) -> None:
     story["segments"][-1]["last_step"] = step
 
 
-def add_window(story: dict, label: str, first: int, last: int, per_rank: list) -> dict:
+def add_window(story: dict, label: str, first: int, last: int, per_rank: list, step_ms: Optional[float] = None) -> dict:
     """A window of measured load (ids x dim per rank per step) over steps ``first..last`` of the
-    current segment."""
+    current segment; ``step_ms``: the median measured step time in it (reported, never decided on)."""
     w = {"segment": len(story["segments"]) - 1, "label": label, "first_step": first, "last_step": last,
-         "steps": last - first, "per_rank": list(per_rank), "max_over_mean": max_over_mean(per_rank)}
+         "steps": last - first, "per_rank": list(per_rank), "max_over_mean": max_over_mean(per_rank),
+         "step_ms": step_ms}
     story["windows"].append(w)
     return w
 

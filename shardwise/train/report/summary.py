@@ -118,9 +118,38 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
         "plan_end": plan_rows(tr.planner, tr.plan, tr.tables),
         "calibration": tr.planner.calibration.to_json(),
         "plan_estimate": _plan_estimate(tr, h["examples_per_s"][-1] if h["examples_per_s"] else None),
+        "memory_per_rank": _memory_per_rank(tr),
+        "step_ms_around_reshards": _step_ms_around_reshards(tr),
         "config": json.loads(cfg.to_json()),
     }
     return _nan_to_none(out)
+
+
+def _memory_per_rank(tr) -> list:
+    """Per rank: the peak resident memory of its process (whole process, measured) next to what its
+    tables must hold at the end (weights + optimizer state, the planner's count)."""
+    held = tr.planner.estimate(tr.plan, tr.tables).memory
+    rss = getattr(tr, "peak_rss", None) or [None] * len(held)
+    return [{"rank": r, "peak_rss_bytes": rss[r], "tables_bytes": int(held[r])} for r in range(len(held))]
+
+
+def _step_ms_around_reshards(tr) -> list:
+    """Per reshard: the median measured step time of the window before it and of as many steps right
+    after it (a window of the same length, so that a machine whose other load drifts over the run
+    compares like with like), or of the window after it for an earlier segment's reshard. Reported
+    only: the decision never reads them."""
+    story, out = tr.story, []
+    here = len(story["segments"]) - 1
+    for r in story["reshards"]:
+        first, last = r.get("window_before") or [r["step"], r["step"]]
+        span = [r["step"], min(r["step"] + (last - first), tr.step)]
+        after = tr.steady.median_ms(*span) if r["segment"] == here and getattr(tr, "steady", None) else None
+        if after is None:
+            ws = [w for w in story["windows"] if w["segment"] == r["segment"] and w["first_step"] == r["step"]]
+            after, span = (ws[0].get("step_ms"), [ws[0]["first_step"], ws[0]["last_step"]]) if ws else (None, None)
+        out.append({"step": r["step"], "status": r["status"], "before_ms": r.get("step_ms_before"),
+                    "before_steps": [first, last], "after_ms": after, "after_steps": span})
+    return out
 
 
 def _plan_estimate(tr, examples_per_s) -> dict:
@@ -149,8 +178,7 @@ def _segment_title(seg: dict) -> str:
 
 def _plans_markdown(tr) -> str:
     """The plan at each segment's start and after each reshard, a table only where it changed."""
-    from ..loop import plan_from_json
-    from ..replan import placements
+    from ..replan import placements, plan_from_json
 
     md, shown = ["# Sharding plans of the run", ""], None
     for seg in tr.story["segments"]:
@@ -200,8 +228,23 @@ def _figure(**kw):
     return Figure(**kw)
 
 
+def _events(m: dict) -> list:
+    """(step, label, colour, style) of what the loss plot marks: resumes and restarts, the drift, reshards."""
+    ev = [(seg["first_step"], f"{seg['kind']} on {seg['world_size']} ranks", "tab:gray", ":")
+          for seg in m["segments"][1:]]
+    ev += [(w["last_step"], "drift (--drift-at)", "tab:purple", "-.") for w in m["load_windows"]
+           if w["label"] == "before the drift"]
+    ev += [(r["step"], f"reshard ({r['status']})", "tab:red", "--") for r in m["reshards"]]
+    return sorted(ev, key=lambda e: e[0])
+
+
 def _plot_loss(path: Path, m: dict) -> None:
-    fig = _figure(figsize=(8, 4.5))
+    _loss_figure(m).savefig(path, dpi=110)
+
+
+def _loss_figure(m: dict):
+    """Loss, window AUC, the eval AUC as a point at the last step, and the run's events; the legend below."""
+    fig = _figure(figsize=(8, 5))
     ax = fig.subplots()
     ax.plot(m["loss"]["step"], m["loss"]["value"], lw=0.8, color="tab:blue", label="train loss")
     ax.set_xlabel("step")
@@ -209,45 +252,68 @@ def _plot_loss(path: Path, m: dict) -> None:
     ax2 = ax.twinx()
     pts = [(s, a) for s, a in zip(m["auc"]["step"], m["auc"]["train_window"]) if a is not None]
     if pts:
-        ax2.plot(*zip(*pts), color="tab:orange", marker=".", label="train AUC")
+        ax2.plot(*zip(*pts), color="tab:orange", lw=0.8, marker="o", markersize=2.5, label="train AUC (window)")
+    if m["auc"]["eval"] is not None:
+        last = m["loss"]["step"][-1] if m["loss"]["step"] else 0
+        ax2.plot([last], [m["auc"]["eval"]], color="tab:green", marker="*", markersize=13, ls="none",
+                 label=f"eval AUC {m['auc']['eval']:.3f} ({m.get('eval_data', 'held out')})")
     ax2.set_ylabel("AUC")
-    for seg in m["segments"][1:]:   # where a resume or restart began a new segment
-        ax.axvline(seg["first_step"], color="tab:gray", ls=":",
-                   label=f"{seg['kind']} on {seg['world_size']} ranks (step {seg['first_step']})")
-    for r in m["reshards"]:
-        ax.axvline(r["step"], color="tab:red", ls="--", label=f"reshard ({r['status']}, step {r['step']})")
-    lines = ax.get_legend_handles_labels()
-    lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="center right", fontsize=8)
-    ax.set_title(f"DLRM: loss and AUC over {len(m['segments'])} segment(s) "
-                 f"(eval AUC {_fmt(m['auc']['eval'], '.3f')})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    _clip_spikes(ax, m["loss"]["value"])
+    # each event a line with its label above the plot (off the curves), staggered so that events at
+    # nearby steps stay apart
+    events = _events(m)
+    for i, (step, label, colour, style) in enumerate(events):
+        ax.axvline(step, color=colour, ls=style, lw=1.2, label=f"{label}, step {step}")
+        ax.annotate(label, (step, 1.0), xycoords=("data", "axes fraction"), xytext=(2, 3 + 10 * (i % 3)),
+                    textcoords="offset points", fontsize=7, color=colour)
+    lines, lines2 = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
+    # the legend below the axes: it never covers the curves
+    fig.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="lower center", ncol=2, fontsize=7.5, frameon=False)
+    ax.set_title(f"DLRM: loss and AUC over {len(m['segments'])} segment(s)", pad=8 + 10 * min(len(events), 3))
+    fig.tight_layout(rect=(0, 0.06 + 0.035 * ((len(lines[1]) + len(lines2[1]) + 1) // 2), 1, 1))
+    return fig
+
+
+def _clip_spikes(ax, values: list) -> None:
+    """A loss spike (the drift's first steps: 32 ids summed into one bag) would flatten the rest of the
+    curve: the axis stops at 1.5x the 99th percentile, and the axis label gives the clipped peak."""
+    xs = sorted(v for v in values if v is not None and math.isfinite(v))
+    if len(xs) < 20:
+        return
+    top = 1.5 * xs[int(0.99 * (len(xs) - 1))]
+    if xs[-1] > top:
+        ax.set_ylim(0, top)
+        ax.set_ylabel(f"loss (BCE; clipped at {top:.2f}, peak {xs[-1]:.2f})")
 
 
 def _plot_load(path: Path, m: dict) -> None:
     """One panel per segment (its own ranks), its windows side by side: before / after a reshard."""
     segs = [s for s in m["segments"] if any(w["segment"] == s["index"] for w in m["load_windows"])] or m["segments"][-1:]
-    fig = _figure(figsize=(6.5 * len(segs), 4))
+    fig = _figure(figsize=(6.5 * len(segs), 5))
     axes = fig.subplots(1, len(segs), squeeze=False)
-    top = max([max(w["per_rank"]) for w in m["load_windows"]] + [1.0]) * 1.3   # room for the legend
+    top = max([max(w["per_rank"]) for w in m["load_windows"]] + [1.0]) * 1.05
     for ax, seg in zip(axes[0], segs):
         windows = [w for w in m["load_windows"] if w["segment"] == seg["index"]]
         width = 0.8 / max(len(windows), 1)
         for i, w in enumerate(windows):
             xs = [r + i * width for r in range(seg["world_size"])]
             ax.bar(xs, w["per_rank"], width, label=f"{w['label']}, steps {w['first_step']}-{w['last_step']} "
-                                                   f"(max/mean {_fmt(w['max_over_mean'], '.2f')})")
+                                                   f"(max/mean {_fmt(w['max_over_mean'], '.2f')}, median step "
+                                                   f"{_fmt(w.get('step_ms'), '.1f')} ms)")
         ax.set_xticks([r + width * (len(windows) - 1) / 2 for r in range(seg["world_size"])])
         ax.set_xticklabels([f"rank {r}" for r in range(seg["world_size"])])
         ax.set_ylabel("measured lookups (ids x dim) per step")
         ax.set_title(_segment_title(seg), fontsize=9)
         ax.set_ylim(0, top)
-        if windows:
-            ax.legend(fontsize=7, loc="upper right")
+        if windows:   # below the bars: it never covers them
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.12), frameon=False)
     fig.suptitle("measured per-rank embedding lookup load")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def _mib(n) -> str:
+    return "-" if n is None else f"{n / 2**20:,.0f}"
 
 
 def _fmt(v, spec: str) -> str:
@@ -267,6 +333,17 @@ def _print_summary(m: dict, folder: Path) -> None:
     t.add_row("examples/s (last segment)", _fmt(m["throughput"]["examples_per_s"], ",.0f"))
     t.add_row("steady examples/s (training steps only)", _fmt(m["throughput"].get("steady_examples_per_s"), ",.0f"))
     t.add_row("resumes / elastic restarts", f"{m['resumes']} / {m['restarts']}")
+    if m["config"].get("skip_bad_lines"):
+        t.add_row("malformed lines skipped (--skip-bad-lines; lines this run read)", f"{m['bad_lines_skipped']:,}")
+    mem = m.get("memory_per_rank") or []
+    if mem:
+        t.add_row("per rank: peak RSS (whole process) / tables held", "  ".join(
+            f"{_mib(x['peak_rss_bytes'])}/{_mib(x['tables_bytes'])}" for x in mem) + " MiB")
+    for x in m.get("step_ms_around_reshards") or []:
+        steps = "" if not x["after_steps"] else (f" (steps {x['before_steps'][0]}-{x['before_steps'][1]} -> "
+                                                 f"{x['after_steps'][0]}-{x['after_steps'][1]})")
+        t.add_row(f"median step time around the reshard at step {x['step']} ({x['status']}){steps}",
+                  f"{_fmt(x['before_ms'], '.1f')} -> {_fmt(x['after_ms'], '.1f')} ms")
     for seg in m["segments"]:
         t.add_row(_segment_title(seg), "")
         for r in (r for r in m["reshards"] if r["segment"] == seg["index"]):
@@ -275,8 +352,8 @@ def _print_summary(m: dict, folder: Path) -> None:
                 t.add_row("  memory per rank (MiB), before -> after", "  ".join(
                     f"{a / 2**20:.1f}->{b / 2**20:.1f}" for a, b in zip(r["memory_before"], r["memory_after"])))
         for w in (w for w in m["load_windows"] if w["segment"] == seg["index"]):
-            t.add_row(f"  measured load max/mean, {w['label']} (steps {w['first_step']}-{w['last_step']})",
-                      _fmt(w["max_over_mean"], ".2f"))
+            t.add_row(f"  {w['label']} (steps {w['first_step']}-{w['last_step']}): measured load max/mean, "
+                      f"median step time", f"{_fmt(w['max_over_mean'], '.2f')}, {_fmt(w.get('step_ms'), '.1f')} ms")
     if m["reshard"]["status"] in ("off", "not-reached"):
         t.add_row("live reshard", f"{m['reshard']['status']}: {m['reshard']['reason']}")
     t.add_row("report", str(folder))
