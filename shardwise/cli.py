@@ -145,6 +145,11 @@ def _cmd_train(ns) -> int:
         raise ValueError(f"--eval-fraction holds out the end of --data, which a stream of text logs does not know "
                          f"in advance: prepare them first (shardwise data prepare {cfg.data.replace(',', ' ')} "
                          f"--out DIR, then --data DIR) or pass --eval-data")
+    from .train.evaluate import eval_vocabulary
+    from .train.sizes import job_tables
+
+    # table sizes and the held-out data's vocabulary agree with the data, or fail here, before the launch
+    eval_vocabulary(job_tables(cfg).vocabulary, cfg.eval_data)
     for path in (cfg.data, cfg.eval_data):
         if path:
             check_logs(path, cfg.skip_bad_lines)   # a malformed input fails here, before any process starts
