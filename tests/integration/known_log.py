@@ -19,9 +19,9 @@ def _effects(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0.0, 1.2, (len(SIGNAL), VOCAB))
 
 
-def write_known_log(path, n: int, seed: int, unseen_rate: float = 0.0, effects_seed: int = 7) -> np.ndarray:
-    """Write ``n`` lines to ``path``; return each line's logit. ``unseen_rate``: share of signal ids
-    replaced by ids never seen in training (their effect is 0)."""
+def write_known_log(path, n: int, seed: int, unseen_rate: float = 0.0, effects_seed: int = 7) -> tuple:
+    """Write ``n`` lines to ``path``; return (each line's logit, label, raw ids as written [n, 26], -1 =
+    missing). ``unseen_rate``: share of signal ids replaced by ids never seen in training (effect 0)."""
     rng = np.random.default_rng(seed)
     eff = _effects(effects_seed)
     ids = np.minimum(np.floor(np.exp(rng.random((n, 26)) * np.log(VOCAB + 1))) - 1, VOCAB - 1).astype(np.int64)
@@ -37,13 +37,9 @@ def write_known_log(path, n: int, seed: int, unseen_rate: float = 0.0, effects_s
     logit += 0.5 * (np.log1p(dense[:, 0]) - 2.5)
     labels = rng.random(n) < 1 / (1 + np.exp(-logit))
     ids[rng.random((n, 26)) < 0.02] = -1                     # some missing ids (an empty bag)
+    raw = np.where(ids < 0, -1, ids * 2654435761 % 2**32)
     with open(path, "w") as f:
-        for y, d, c in zip(labels, dense, ids):
-            cats = ["" if v < 0 else format(int(v) * 2654435761 % 2**32, "08x") for v in c]
+        for y, d, c in zip(labels, dense, raw):
+            cats = ["" if v < 0 else format(int(v), "08x") for v in c]
             f.write("\t".join([str(int(y)), *map(str, d), *cats]) + "\n")
-    return logit
-
-
-def hashed(raw_id: int) -> int:
-    """The hex id ``write_known_log`` writes for a raw id (as an int)."""
-    return raw_id * 2654435761 % 2**32
+    return logit, labels.astype(np.float32), raw
