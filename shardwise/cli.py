@@ -152,11 +152,11 @@ def _cmd_train(ns) -> int:
     from .train.evaluate import eval_vocabulary
     from .train.sizes import job_tables
 
-    # table sizes and the held-out data's vocabulary agree with the data, or fail here, before the launch
-    eval_vocabulary(job_tables(cfg).vocabulary, cfg.eval_data)
     for path in (cfg.data, cfg.eval_data):
         if path:
             check_logs(path, cfg.skip_bad_lines)   # a malformed input fails here, before any process starts
+    # table sizes and the held-out data's vocabulary agree with the data, or fail here, before the launch
+    eval_vocabulary(job_tables(cfg).vocabulary, cfg.eval_data)
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
     try:

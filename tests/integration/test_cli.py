@@ -60,10 +60,10 @@ def test_malformed_file_names_line_and_field(tmp_path, capsys):
     assert "line 3, field I13: '3.5' is not an integer" in capsys.readouterr().err
 
 
-def _train(out, *extra):
+def _train(out, *extra, rows=True):
     # the family the demo's reshard story needs (row blocks hold the hot rows) and one whose choice does
     # not hang on the start-up timings of a loaded machine as much as the planner's full choice
-    args = ["train", "--nproc-per-node", "2", "--out", str(out), "--quiet", "--rows", "4000",
+    args = ["train", "--nproc-per-node", "2", "--out", str(out), "--quiet", *(["--rows", "4000"] if rows else []),
             "--sharding-types", "row_wise,data_parallel", *extra]
     assert main(args) == 0
     return json.loads((out / "metrics.json").read_text())
@@ -311,13 +311,12 @@ def test_prepare_then_train_with_bad_lines_skipped(tmp_path, capsys, text_logs_r
     prepared = tmp_path / "prepared"
     assert main(["data", "prepare", str(logs[0]), str(logs[1]), "--out", str(prepared), "--skip-bad-lines",
                  "--categorify", "--min-count", "2"]) == 0
-    flag = next(line for line in capsys.readouterr().out.splitlines() if "--num-embeddings-per-feature" in line)
-    sizes = flag.split("--num-embeddings-per-feature")[1].split()[0]
-    m = _train(tmp_path / "r", "--data", str(prepared), "--eval-fraction", "0.1", "--num-embeddings-per-feature",
-               sizes, "--steps", "4", "--batch-size", "32", "--checkpoint-every", "0", "--reshard-at", "0",
-               "--dense-parallel", "ddp")
-    assert m["table_sizes"] == [int(x) for x in sizes.split(",")]
-    assert m["eval_data"] == f"last 30 of 300 rows of {prepared} (held out)"
+    sizes = json.loads((prepared / "manifest.json").read_text())["table_sizes"]
+    # the folder's sizes are the default: no --num-embeddings-per-feature needed
+    m = _train(tmp_path / "r", "--data", str(prepared), "--eval-fraction", "0.1", "--steps", "4", "--batch-size",
+               "32", "--checkpoint-every", "0", "--reshard-at", "0", "--dense-parallel", "ddp", rows=False)
+    assert m["table_sizes"] == sizes
+    assert m["eval_data"] == f"last 30 of 300 rows of {prepared} (held out)" and m["eval_rows"] == 30
     # the text logs themselves, several files at once, the bad line skipped and counted
     _, data, m2 = text_logs_run
     assert "," in data and m2["steps"] == 8 and m2["bad_lines_skipped"] >= 1
