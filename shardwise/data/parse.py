@@ -1,4 +1,4 @@
-"""One chunk of whole Criteo lines (bytes) -> a ``Batch``: pyarrow tokenizes, numpy converts.
+"""One chunk of whole Criteo lines (bytes) -> a ``ClickLogBatch``: pyarrow tokenizes, numpy converts.
 
 Every field is read as raw bytes, checked and converted with numpy over whole columns (no Python
 loop per value: one 8-byte word load per value, then bit tricks on uint64 vectors). Rows not
@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ..train.data import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, Batch
-from ..train.data import _parse_line as _python_parse_line
+from .criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch
+from .criteo import parse_line as _python_parse_line
 
 __all__ = ["ChunkOptions", "ParsedChunk", "parse_chunk", "explain_line"]
 
@@ -48,7 +48,7 @@ class ChunkOptions:
 
 @dataclass
 class ParsedChunk:
-    batch: Batch
+    batch: ClickLogBatch
     bad_lines: int
 
 
@@ -69,7 +69,7 @@ def explain_line(raw: bytes, line_no: int, name: str):
 
 def parse_chunk(data: bytes, name: str, opts: ChunkOptions,
                 first_line: Optional[Callable[[], int]] = None) -> ParsedChunk:
-    """Parse ``data`` (whole lines of one file) into a ``Batch``.
+    """Parse ``data`` (whole lines of one file) into a ``ClickLogBatch``.
 
     ``first_line()`` gives the file line number of the chunk's first line; it is asked only when an
     error must be reported (for a byte range of a plain file it costs a count of the bytes before it).
@@ -108,7 +108,7 @@ def parse_chunk(data: bytes, name: str, opts: ChunkOptions,
             if n_bad and not opts.skip_bad_lines:
                 return _python_chunk(data, name, opts, first_line)
             bad += n_bad
-            batch = Batch(batch.dense[keep], batch.ids[keep], batch.labels[keep])
+            batch = ClickLogBatch(batch.dense[keep], batch.ids[keep], batch.labels[keep])
         out.append(batch)
     return ParsedChunk(_concat(out), bad)
 
@@ -120,11 +120,11 @@ def _odd(data: bytes) -> bool:
     return not data.isascii() or b"\0" in data or (b"\r" in data and data.count(b"\r") != data.count(b"\r\n"))
 
 
-def _concat(parts: list) -> Batch:
+def _concat(parts: list) -> ClickLogBatch:
     if not parts:
-        return Batch(np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int64),
+        return ClickLogBatch(np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int64),
                      np.zeros(0, np.float32))
-    return Batch(*(np.concatenate(x) for x in zip(*((b.dense, b.ids, b.labels) for b in parts))))
+    return ClickLogBatch(*(np.concatenate(x) for x in zip(*((b.dense, b.ids, b.labels) for b in parts))))
 
 
 def _python_chunk(data: bytes, name: str, opts: ChunkOptions, first_line: Optional[Callable[[], int]]) -> ParsedChunk:
@@ -146,7 +146,7 @@ def _python_chunk(data: bytes, name: str, opts: ChunkOptions, first_line: Option
             labels.append(parsed[0])
             dense.append(parsed[1])
             ids.append(parsed[2])
-    batch = Batch(np.asarray(dense, dtype=np.float32).reshape(-1, NUM_DENSE),
+    batch = ClickLogBatch(np.asarray(dense, dtype=np.float32).reshape(-1, NUM_DENSE),
                   np.asarray(ids, dtype=np.int64).reshape(-1, NUM_SPARSE), np.asarray(labels, dtype=np.float32))
     return ParsedChunk(batch, bad)
 
@@ -158,7 +158,7 @@ def _pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max(os.cpu_count() or 1, 1), thread_name_prefix="shardwise-convert")
 
 
-def _convert(cols) -> tuple[Batch, np.ndarray]:
+def _convert(cols) -> tuple[ClickLogBatch, np.ndarray]:
     """Columns -> arrays, and the rows every field of which the fast path accepts (the others get
     placeholder values, fixed up or dropped after)."""
     n = len(cols[0])
@@ -174,7 +174,7 @@ def _convert(cols) -> tuple[Batch, np.ndarray]:
     for k, c in enumerate(cols[1 + NUM_DENSE:]):
         ids[:, k], good = _hex_column(_Column(c))
         ok &= good
-    return Batch(dense, ids, labels), ok
+    return ClickLogBatch(dense, ids, labels), ok
 
 
 class _Column:
@@ -280,7 +280,7 @@ def _dec8(v: np.ndarray) -> np.ndarray:
     return (d & np.uint64(0xFFFFFFFF)) * np.uint64(10000) + (d >> np.uint64(32))
 
 
-def _python_fixups(cols, ok: np.ndarray, batch: Batch, name: str):
+def _python_fixups(cols, ok: np.ndarray, batch: ClickLogBatch, name: str):
     """Rows the fast path did not accept: the line parser's values, or dropped and counted."""
     keep = np.ones(len(ok), dtype=bool)
     bad = 0

@@ -28,7 +28,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from ..train.data import NUM_DENSE, NUM_SPARSE, Batch
+from .criteo import NUM_DENSE, NUM_SPARSE, ClickLogBatch
 from .categorify import IdCounter
 from .vocab import Vocabulary, vocab_of_folder
 from .reader import DEFAULT_BLOCK_SIZE, ClickLogReader, as_path_list, check_rank
@@ -241,7 +241,7 @@ class PreparedClickLogs:
     def __len__(self) -> int:
         return self.num_rows
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         """This rank's examples ``start .. start+count-1`` (cycling over its rows)."""
         if start < 0 or count < 1:
             raise ValueError(f"batch(start={start}, count={count}): need start >= 0 and count >= 1")
@@ -249,6 +249,6 @@ class PreparedClickLogs:
         s = start % m
         if s + count <= m:   # one slice: a plain copy out of the map
             sl = slice(self.lo + s, self.lo + s + count)
-            return Batch(*(np.array(self._cols[c][sl]) for c in ("dense", "ids", "labels")))
+            return ClickLogBatch(*(np.array(self._cols[c][sl]) for c in ("dense", "ids", "labels")))
         idx = self.lo + (np.arange(start, start + count) % m)
-        return Batch(*(np.asarray(self._cols[c][idx]) for c in ("dense", "ids", "labels")))
+        return ClickLogBatch(*(np.asarray(self._cols[c][idx]) for c in ("dense", "ids", "labels")))

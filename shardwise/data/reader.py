@@ -1,4 +1,4 @@
-r"""``ClickLogReader``: Criteo-format text files streamed in blocks, one rank's rows, as ``Batch``es.
+r"""``ClickLogReader``: Criteo-format text files streamed in blocks, one rank's rows, as ``ClickLogBatch``es.
 
 Example:
     >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
@@ -16,7 +16,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from ..train.data import Batch
+from .criteo import ClickLogBatch
 from .parse import ChunkOptions, parse_chunk
 from .split import Source
 
@@ -84,7 +84,7 @@ class ClickLogReader:
         self._chunks_counted = 0               # chunks of a pass whose bad lines are in bad_lines
         self.num_rows: Optional[int] = None    # this rank's rows, known after the first full pass
         self._it: Optional[_Prefetch] = None
-        self._cur: Optional[Batch] = None
+        self._cur: Optional[ClickLogBatch] = None
         self._cur_start = self._next_start = 0
 
     def _check_enough_stripes(self) -> None:
@@ -96,8 +96,8 @@ class ClickLogReader:
                              f"reads whole stripes); pass a smaller block_size, use fewer ranks, or prepare the "
                              f"files with `shardwise data prepare` (ranks then split rows, not bytes)")
 
-    def blocks(self, count_bad: bool = True) -> Iterator[tuple[int, Batch]]:
-        """One pass over this rank's rows: (index of the source file, Batch) per parsed block."""
+    def blocks(self, count_bad: bool = True) -> Iterator[tuple[int, ClickLogBatch]]:
+        """One pass over this rank's rows: (index of the source file, ClickLogBatch) per parsed block."""
         first_stripe, ordinal = 0, 0
         for k, src in enumerate(self.sources):
             chunks = src.chunks(self.block_size, self.rank, self.world, first_stripe)
@@ -119,7 +119,7 @@ class ClickLogReader:
                 chunks.close()
             first_stripe += src.stripes_seen
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         """This rank's examples ``start .. start+count-1`` (cycling over its rows)."""
         if start < 0 or count < 1:
             raise ValueError(f"batch(start={start}, count={count}): need start >= 0 and count >= 1")
@@ -134,7 +134,7 @@ class ClickLogReader:
             take = min(len(blk.labels) - off, left)
             parts.append((blk.dense[off:off + take], blk.ids[off:off + take], blk.labels[off:off + take]))
             pos, left = pos + take, left - take
-        return Batch(*(np.concatenate(x) for x in zip(*parts)))
+        return ClickLogBatch(*(np.concatenate(x) for x in zip(*parts)))
 
     def _block_at(self, pos: int):
         cur = self._cur

@@ -29,7 +29,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from . import standalone
 
-__all__ = ["export_model", "find_checkpoint"]
+__all__ = ["export_model", "find_checkpoint", "standalone_dense_names"]
 
 _SPARSE, _DENSE = "sparse.embedding_bags.t_", "dense.params."
 
@@ -70,6 +70,43 @@ def _read_weights(ckpt: Path) -> tuple:
         dcp.load(state, checkpoint_id=str(ckpt), no_dist=True)
     tables = {k[len("embedding_bags.t_"):-len(".weight")]: v for k, v in state["sparse"].items()}
     return tables, state["dense"]["params"]
+
+
+_ZOO = (("dense_arch.model._mlp.", "bottom"), ("over_arch.model.0._mlp.", "top"))
+
+
+def standalone_dense_names(params: dict) -> dict:
+    """The dense parameters under ``model.py``'s names (``bottom.{2i}``/``top.{2i}``: nn.Sequential of
+    Linear/ReLU pairs). The job's dense part may also carry TorchRec's DLRM names
+    (``dense_arch.model._mlp.{i}._linear``, ``over_arch.model.0._mlp.{i}._linear``, ``over_arch.model.1``);
+    those are mapped, so an export reads checkpoints of either.
+
+    Example:
+        >>> w = torch.zeros(1)
+        >>> sorted(standalone_dense_names({"dense_arch.model._mlp.1._linear.bias": w, "over_arch.model.0._mlp.0._linear.weight": w,
+        ...                                "over_arch.model.1.weight": w}))
+        ['bottom.2.bias', 'top.0.weight', 'top.2.weight']
+    """
+    if not any(k.startswith(("dense_arch.", "over_arch.")) for k in params):
+        return dict(params)
+    out, top_layers = {}, set()
+    for key, value in params.items():
+        for zoo, name in _ZOO:
+            if key.startswith(zoo):
+                i, _, kind = key[len(zoo):].partition("._linear.")
+                out[f"{name}.{2 * int(i)}.{kind}"] = value
+                if name == "top":
+                    top_layers.add(int(i))
+                break
+        else:
+            if not key.startswith("over_arch.model.1."):
+                raise ValueError(f"dense parameter {key!r} is not part of the job's DLRM dense model; pass a "
+                                 f"checkpoint of `shardwise train`")
+    last = 2 * (max(top_layers) + 1 if top_layers else 0)
+    for kind in ("weight", "bias"):
+        if f"over_arch.model.1.{kind}" in params:
+            out[f"top.{last}.{kind}"] = params[f"over_arch.model.1.{kind}"]
+    return out
 
 
 def _mlp_widths(params: dict, prefix: str) -> list:
@@ -117,6 +154,7 @@ def export_model(source, out, vocab: Optional[str] = None) -> dict:
     meta = read_meta(ckpt)
     voc = _vocabulary(meta, vocab)
     tables, dense = _read_weights(ckpt)
+    dense = standalone_dense_names(dense)
     features = [f"C{i + 1}" for i in range(26)]
     missing = [f for f in features if f not in tables]
     if missing:

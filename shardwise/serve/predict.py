@@ -71,7 +71,7 @@ def _bad_line_mask(data: bytes, name: str) -> np.ndarray:
 
 
 def _batches(paths: Sequence, skip_bad_lines: bool) -> Iterator[tuple]:
-    """(parsed Batch, mask of bad lines or None, labelled) per chunk of every file, in order."""
+    """(parsed ClickLogBatch, mask of bad lines or None, labelled) per chunk of every file, in order."""
     from ..data.parse import ChunkOptions, parse_chunk
     from ..data.reader import as_path_list
     from ..data.split import Source

@@ -1,6 +1,6 @@
 """Click logs in Criteo's schema: a deterministic synthetic generator and a Criteo TSV reader.
 
-Both yield the same thing: ``batch(start, count) -> Batch`` for examples ``start .. start+count-1``
+Both yield the same thing: ``batch(start, count) -> ClickLogBatch`` for examples ``start .. start+count-1``
 of an endless stream (the TSV file is cycled), so every rank can read its own slice of a step and
 a resumed run continues from a saved cursor.
 
@@ -13,42 +13,26 @@ Example:
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from ..data.criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch
+from ..data.criteo import parse_line as _parse_line
 from ..sparse import KeyedJaggedTensor
 
 __all__ = [
-    "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "Batch", "SyntheticClicks", "CriteoTSV",
+    "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "ClickLogBatch", "SyntheticClicks", "CriteoTSV",
     "default_cardinalities", "to_model_inputs", "open_data", "Rows",
 ]
 
-NUM_DENSE, NUM_SPARSE = 13, 26
-DENSE_NAMES = [f"I{i + 1}" for i in range(NUM_DENSE)]
-SPARSE_NAMES = [f"C{i + 1}" for i in range(NUM_SPARSE)]
 # Synthetic examples are generated in fixed sub-blocks, each from its own seed, so any slice is
 # reproducible and a rank generates only the sub-blocks holding the rows it reads (with the job's
 # default 256 per rank: exactly its own rows, whatever the world size).
 _SUB_BLOCK = 256
 _CACHED_SUB_BLOCKS = 9   # a read that ends inside a sub-block finds it again at the next step
-_INT = re.compile(r"-?[0-9]+")
-_HEX = re.compile(r"[0-9a-fA-F]+")
-_INT64_LIMIT = 2**63
-
-
-@dataclass
-class Batch:
-    """Raw features: ``dense`` float32 [n, 13] (missing = 0), ``ids`` int64 [n, 26] (missing = -1),
-    ``labels`` float32 [n]."""
-
-    dense: np.ndarray
-    ids: np.ndarray
-    labels: np.ndarray
 
 
 def default_cardinalities(max_rows: int) -> list[int]:
@@ -90,7 +74,7 @@ class SyntheticClicks:
         scale = np.where(np.isin(np.arange(NUM_SPARSE), strong), 1.0, 0.15)
         self.effects = [hidden.normal(0.0, scale[j], c).astype(np.float32) for j, c in enumerate(self.cards)]
         self.bias = -1.0
-        self._cache: dict[int, Batch] = {}
+        self._cache: dict[int, ClickLogBatch] = {}
         self._flat = None
         self._cards_f = np.asarray(self.cards, dtype=np.float64)
         self._log_cards1 = np.log(self._cards_f + 1.0)
@@ -103,7 +87,7 @@ class SyntheticClicks:
             self._flat = (np.concatenate([x for e in self.effects for x in (zero, e)]), offsets)
         return self._flat
 
-    def _block(self, index: int) -> Batch:
+    def _block(self, index: int) -> ClickLogBatch:
         """Examples ``index * 256 ..`` (256 of them), drawn from their own seed: a sub-block never
         depends on which other sub-blocks were generated, so every rank and every world size sees
         the same examples."""
@@ -119,7 +103,7 @@ class SyntheticClicks:
         # floor(exp(u ln(card+1))) - 1 is a Zipf(1) law: row k drawn with probability ~ 1/(k+1)
         ids = np.minimum(np.floor(np.exp(u * self._log_cards1)) - 1.0, self._cards_f - 1).astype(np.int64)
         ids[rng.random((n, NUM_SPARSE)) < self.missing_rate] = -1
-        out = Batch(raw.astype(np.float32), ids, np.zeros(n, dtype=np.float32))
+        out = ClickLogBatch(raw.astype(np.float32), ids, np.zeros(n, dtype=np.float32))
         logit = hidden_model_logits(self, out)
         out.labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
         if len(self._cache) >= _CACHED_SUB_BLOCKS:
@@ -127,7 +111,7 @@ class SyntheticClicks:
         self._cache[index] = out
         return out
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         """Examples ``start .. start+count-1`` of the endless stream."""
         parts, pos, end = [], start, start + count
         while pos < end:
@@ -136,7 +120,7 @@ class SyntheticClicks:
             blk = self._block(b)
             parts.append((blk.dense[off:off + take], blk.ids[off:off + take], blk.labels[off:off + take]))
             pos += take
-        return Batch(*(np.concatenate(x) for x in zip(*parts)))
+        return ClickLogBatch(*(np.concatenate(x) for x in zip(*parts)))
 
 
 class CriteoTSV:
@@ -184,49 +168,9 @@ class CriteoTSV:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         idx = np.arange(start, start + count) % len(self.labels)
-        return Batch(self.dense[idx], self.ids[idx], self.labels[idx])
-
-
-def _parse_line(line: str, line_no: int, name: str):
-    fields = line.rstrip("\r\n").split("\t")
-    where = f"{name} line {line_no}"
-    if len(fields) != 1 + NUM_DENSE + NUM_SPARSE:
-        raise ValueError(f"{where}: expected 40 tab-separated fields (label, I1-I13, C1-C26), got "
-                         f"{len(fields)}; fix or drop that line")
-    if fields[0] not in ("0", "1"):
-        raise ValueError(f"{where}, field label: {fields[0]!r} must be 0 or 1 (clicked or not); fix or drop that line")
-    dense = []
-    for k, text in enumerate(fields[1:1 + NUM_DENSE]):
-        # a regex, not just int(): int() also takes ' 5', '+5' and '1_000'
-        if text and _INT.fullmatch(text):
-            if len(text.lstrip("-")) > 18 and abs(int(text)) >= _INT64_LIMIT:
-                # float32 would turn it into inf and the loss into nan many steps later
-                raise ValueError(f"{where}, field {DENSE_NAMES[k]}: {text!r} is outside the 64-bit integer "
-                                 f"range; counts in a Criteo file fit in int64, fix or drop that line")
-            dense.append(max(int(text), 0))
-        elif not text:
-            dense.append(0)
-        else:
-            raise ValueError(f"{where}, field {DENSE_NAMES[k]}: {text!r} is not an integer; "
-                             f"use a decimal integer or leave it empty for missing")
-    ids = []
-    for k, text in enumerate(fields[1 + NUM_DENSE:]):
-        if text.startswith("-") and _HEX.fullmatch(text[1:]):
-            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is negative; ids must be >= 0 "
-                             f"(hex digits only), or leave the field empty for missing")
-        if text and not _HEX.fullmatch(text):
-            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is not a hex id; "
-                             f"use hex digits (e.g. 68fd1e64) or leave it empty for missing")
-        if len(text) > 16:
-            # ids are stored as int64; numpy would raise a bare OverflowError without the line
-            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} has {len(text)} hex digits; ids must "
-                             f"fit in 64 bits (at most 16 hex digits, Criteo's have 8), fix or drop that line")
-        value = int(text, 16) if text else -1
-        # a 64-bit hash with its top bit set keeps its low 63 bits: ids stay int64 and >= 0 (-1 = missing)
-        ids.append(value % _INT64_LIMIT if value >= 0 else value)
-    return int(fields[0]), dense, ids
+        return ClickLogBatch(self.dense[idx], self.ids[idx], self.labels[idx])
 
 
 class PerRank:
@@ -243,7 +187,7 @@ class PerRank:
     def __init__(self, reader, rank: int, world: int):
         self.reader, self.rank, self.world = reader, rank, world
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         return self.reader.batch(max(0, start - self.rank * count) // self.world, count)
 
     @property
@@ -269,7 +213,7 @@ class Rows:
     def __len__(self) -> int:
         return self.stop - self.start
 
-    def batch(self, start: int, count: int) -> Batch:
+    def batch(self, start: int, count: int) -> ClickLogBatch:
         n = len(self)
         idx = [self.start + (start + i) % n for i in range(count)]
         # contiguous runs, so the underlying reader serves slices
@@ -280,7 +224,7 @@ class Rows:
                 j += 1
             parts.append(self.data.batch(idx[i], j - i + 1))
             i = j + 1
-        return Batch(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]),
+        return ClickLogBatch(np.concatenate([p.dense for p in parts]), np.concatenate([p.ids for p in parts]),
                      np.concatenate([p.labels for p in parts]))
 
 
@@ -312,7 +256,7 @@ def open_data(path, seed: int, cardinalities: Sequence[int]):
     return CriteoTSV(path) if path else SyntheticClicks(seed, cardinalities)
 
 
-def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple:
+def to_model_inputs(batch: ClickLogBatch, cardinalities: Sequence[int], device) -> tuple:
     """(dense [n, 13] = log1p(ints), KeyedJaggedTensor of C1..C26 (missing = empty bag), labels [n]).
 
     Example:
@@ -335,7 +279,7 @@ def to_model_inputs(batch: Batch, cardinalities: Sequence[int], device) -> tuple
     return dense, kjt, torch.from_numpy(batch.labels).to(device)
 
 
-def hidden_model_logits(data: SyntheticClicks, batch: Batch) -> np.ndarray:
+def hidden_model_logits(data: SyntheticClicks, batch: ClickLogBatch) -> np.ndarray:
     """The generator's own logits for ``batch`` (the best any model can do; for sanity checks)."""
     ids = batch.ids
     bad = (ids < -1) | (ids >= np.asarray(data.cards))

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .data import NUM_DENSE, NUM_SPARSE, Batch, to_model_inputs
+from .data import NUM_DENSE, NUM_SPARSE, ClickLogBatch, to_model_inputs
 from .model import auc
 
 __all__ = ["EvalResult", "evaluate", "eval_vocabulary", "held_out_parts", "SYNTHETIC_EVAL_ROWS", "EVAL_BATCH"]
@@ -90,12 +90,12 @@ def eval_vocabulary(train_vocab, eval_path: Optional[str]):
 
 
 # ---- each rank's share of the held-out rows --------------------------------------------------------
-def _range_parts(data, lo: int, hi: int, offset: int = 0) -> Iterator[Batch]:
+def _range_parts(data, lo: int, hi: int, offset: int = 0) -> Iterator[ClickLogBatch]:
     for s in range(lo, hi, EVAL_BATCH):
         yield data.batch(offset + s, min(EVAL_BATCH, hi - s))
 
 
-def held_out_parts(data, rank: int, world: int, cap: Optional[int], offset: int = 0) -> Iterator[Batch]:
+def held_out_parts(data, rank: int, world: int, cap: Optional[int], offset: int = 0) -> Iterator[ClickLogBatch]:
     """This rank's contiguous share of rows ``[0, n)`` of ``data`` (``n``: its length, or ``cap``), in
     batches; ``data.batch(offset + i, count)`` reads row ``i``."""
     n = len(data) if hasattr(data, "__len__") else cap
@@ -103,7 +103,7 @@ def held_out_parts(data, rank: int, world: int, cap: Optional[int], offset: int 
     return _range_parts(data, rank * n // world, (rank + 1) * n // world, offset)
 
 
-def text_parts(paths: list, rank: int, world: int, cap: Optional[int], skip_bad_lines: bool) -> Iterator[Batch]:
+def text_parts(paths: list, rank: int, world: int, cap: Optional[int], skip_bad_lines: bool) -> Iterator[ClickLogBatch]:
     """This rank's stripes of held-out text files (every line scored once over all ranks), in batches,
     at most ``cap / world`` rows (rounded so the ranks' quotas add up to ``cap``)."""
     import os
@@ -133,20 +133,20 @@ def text_parts(paths: list, rank: int, world: int, cap: Optional[int], skip_bad_
                     quota -= take
                 if take <= 0:
                     return
-                yield Batch(b.dense[s:s + take], b.ids[s:s + take], b.labels[s:s + take])
+                yield ClickLogBatch(b.dense[s:s + take], b.ids[s:s + take], b.labels[s:s + take])
     finally:
         reader.close()
 
 
 # ---- scoring ------------------------------------------------------------------------------------
-def _padded(b: Optional[Batch], rows: int) -> Batch:
+def _padded(b: Optional[ClickLogBatch], rows: int) -> ClickLogBatch:
     """``b`` followed by empty rows (dense 0, every id missing) up to ``rows``."""
     have = 0 if b is None else len(b.labels)
-    pad = Batch(np.zeros((rows - have, NUM_DENSE), np.float32), np.full((rows - have, NUM_SPARSE), -1, np.int64),
+    pad = ClickLogBatch(np.zeros((rows - have, NUM_DENSE), np.float32), np.full((rows - have, NUM_SPARSE), -1, np.int64),
                 np.zeros(rows - have, np.float32))
     if b is None:
         return pad
-    return Batch(*(np.concatenate([getattr(b, f), getattr(pad, f)]) for f in ("dense", "ids", "labels")))
+    return ClickLogBatch(*(np.concatenate([getattr(b, f), getattr(pad, f)]) for f in ("dense", "ids", "labels")))
 
 
 def _agree(count: int, error: Optional[str], device) -> int:
@@ -172,7 +172,7 @@ def _gather(t: torch.Tensor, device) -> torch.Tensor:
     return torch.cat([o[:int(c)] for o, c in zip(out, counts)])
 
 
-def evaluate(sparse, dense_runner, parts: Iterator[Batch], cards, device, vocab=None) -> EvalResult:
+def evaluate(sparse, dense_runner, parts: Iterator[ClickLogBatch], cards, device, vocab=None) -> EvalResult:
     """Collective: score this rank's ``parts`` (after ``vocab`` when given) with the sharded tables and
     the dense runner; the AUC of every rank's rows together."""
     scores, labels, oov = [], [], 0
@@ -182,7 +182,7 @@ def evaluate(sparse, dense_runner, parts: Iterator[Batch], cards, device, vocab=
         try:
             b = next(parts, None)
             if b is not None and vocab is not None:
-                b = Batch(b.dense, vocab.apply(b.ids), b.labels)
+                b = ClickLogBatch(b.dense, vocab.apply(b.ids), b.labels)
                 oov += int(vocab.oov_counts(b.ids).sum())
         except ValueError as e:
             error = str(e)

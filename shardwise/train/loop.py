@@ -20,12 +20,13 @@ import torch.distributed as dist
 
 from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
+from .plan_json import plan_from_json, plan_to_json
 from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes
 from .sizes import job_tables
 from .data import PerRank, Rows, SyntheticClicks, open_data, to_model_inputs
 from .dense import make_dense_runner
-from .model import DenseArch, make_ebc, make_tables
+from .model import DenseArch, auc, make_ebc, make_tables   # noqa: F401 (auc: the job's metric)
 from .report import Progress, console
 from .replan import describe, keep_plan
 from .pipeline import TrainPipeline
@@ -44,16 +45,6 @@ def open_click_logs_folder(folder: str):
     from ..data import open_click_logs
 
     return open_click_logs([folder], 0, 1)
-
-
-def plan_to_json(plan: dict) -> dict:
-    return {t: {"type": ps.sharding_type.value, "ranks": None if ps.ranks is None else list(ps.ranks),
-                "host": ps.host_index} for t, ps in plan.items()}
-
-
-def plan_from_json(raw: dict) -> dict:
-    return {t: ParameterSharding(ShardingType(v["type"]), None if v["ranks"] is None else tuple(v["ranks"]),
-                                 v["host"]) for t, v in raw.items()}
 
 
 # steps that are not steady state: the first traces the compiled dense graph, the next ones still

@@ -11,7 +11,7 @@
 Example:
     >>> from shardwise.train import TrainConfig
     >>> job_tables(TrainConfig(rows=1000)).sizes[:4], job_tables(TrainConfig()).source
-    ([27, 236, 8, 57], 'the synthetic log (--rows 100000)')
+    ([8, 31, 119, 462], 'the synthetic log (--rows 100000)')
     >>> job_tables(TrainConfig(data="day_0.tsv"))
     Traceback (most recent call last):
     ValueError: --data day_0.tsv holds raw ids, folded into each table by id % rows: pass the table sizes ...

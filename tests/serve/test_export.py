@@ -20,17 +20,35 @@ from shardwise.serve import export_model, find_checkpoint, load_model, predict_f
 from shardwise.sparse import KeyedJaggedTensor
 from shardwise.train.config import TrainConfig
 from shardwise.train.data import CriteoTSV, SPARSE_NAMES, to_model_inputs
-from shardwise.train.model import DenseArch, make_tables
+from shardwise.train import model as job_model
+from shardwise.train.model import make_tables
 
 from ..data.common import line, write_log
 
 
-def _checkpoint(tmp_path, sizes, data=None, digest=None, dim=4):
+# the job's dense part: DLRMDense (TorchRec's parameter names) where the model zoo is merged, DenseArch before
+JobDense = getattr(job_model, "DLRMDense", None) or job_model.DenseArch
+
+
+def _zoo_names(params: dict) -> dict:
+    """``bottom.{2i}``/``top.{2i}`` keys under TorchRec's DLRM names (what DLRMDense's checkpoints hold)."""
+    out = {}
+    n_top = len([k for k in params if k.startswith("top.") and k.endswith(".weight")]) - 1
+    for k, v in params.items():
+        part, i, kind = k.split(".")
+        i = int(i) // 2
+        out[f"dense_arch.model._mlp.{i}._linear.{kind}" if part == "bottom" else
+            f"over_arch.model.1.{kind}" if i == n_top else f"over_arch.model.0._mlp.{i}._linear.{kind}"] = v
+    return out
+
+
+def _checkpoint(tmp_path, sizes, data=None, digest=None, dim=4, zoo=False):
     """A committed checkpoint as the job writes it, with random weights; (folder, tables, arch)."""
     torch.manual_seed(0)
-    arch = DenseArch(26, dim)
+    arch = JobDense(26, dim)
     tables = {f"embedding_bags.t_{f}.weight": torch.randn(n, dim) for f, n in zip(SPARSE_NAMES, sizes)}
-    state = {"sparse": tables, "dense": {"params": {n: p.detach().clone() for n, p in arch.named_parameters()}}}
+    params = {n: p.detach().clone() for n, p in arch.named_parameters()}
+    state = {"sparse": tables, "dense": {"params": _zoo_names(params) if zoo else params}}
     step = tmp_path / "run" / "checkpoints" / "step_00000010"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -53,9 +71,10 @@ def _job_scores(tables, arch, batch, sizes, vocab=None):
         return torch.sigmoid(arch(dense, ebc(kjt).values())).numpy()
 
 
-def test_export_of_raw_ids_scores_as_the_job_does(tmp_path):
+@pytest.mark.parametrize("zoo", [False, True])
+def test_export_of_raw_ids_scores_as_the_job_does(tmp_path, zoo):
     sizes = [5 + 3 * i for i in range(26)]
-    step, tables, arch = _checkpoint(tmp_path, sizes)
+    step, tables, arch = _checkpoint(tmp_path, sizes, zoo=zoo and JobDense is job_model.DenseArch)
     spec = export_model(tmp_path / "run", tmp_path / "out")       # a run's --out: its newest checkpoint
     assert spec["ids"] == "modulo" and spec["table_sizes"] == sizes and spec["bottom"] == [13, 64, 4]
     log = write_log(tmp_path / "a.tsv", 64, seed=5)

@@ -7,7 +7,7 @@ import torch
 from shardwise.cli import main
 from shardwise.data import PreparedClickLogs, prepare
 from shardwise.testing import run_on_ranks, worker_mesh
-from shardwise.train.data import Batch, SyntheticClicks, default_cardinalities
+from shardwise.train.data import ClickLogBatch, SyntheticClicks, default_cardinalities
 from shardwise.train.evaluate import eval_vocabulary, held_out_parts, text_parts
 
 from ..data.common import write_log
@@ -21,10 +21,11 @@ def _rows(lo, hi):
 
 def _model():
     from shardwise.embedding import EmbeddingBagCollection
-    from shardwise.train.model import DenseArch, make_tables
+    from shardwise.train import model
 
     torch.manual_seed(1)
-    return EmbeddingBagCollection(make_tables(CARDS, 4), device="cpu", init_seed=5), DenseArch(26, 4)
+    dense = getattr(model, "DLRMDense", None) or model.DenseArch    # the job's dense part (its name with the model zoo)
+    return EmbeddingBagCollection(model.make_tables(CARDS, 4), device="cpu", init_seed=5), dense(26, 4)
 
 
 class _Dense:
@@ -127,6 +128,6 @@ def test_which_vocabulary_the_held_out_data_goes_through(tmp_path, capsys):
 def test_padding_rows_are_empty():
     from shardwise.train.evaluate import _padded
 
-    b = _padded(Batch(np.ones((2, 13), np.float32), np.zeros((2, 26), np.int64), np.ones(2, np.float32)), 5)
+    b = _padded(ClickLogBatch(np.ones((2, 13), np.float32), np.zeros((2, 26), np.int64), np.ones(2, np.float32)), 5)
     assert b.ids.shape == (5, 26) and (b.ids[2:] == -1).all() and (b.dense[2:] == 0).all()
     assert _padded(None, 3).labels.shape == (3,)
