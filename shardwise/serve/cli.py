@@ -32,6 +32,9 @@ def add_serve_commands(subparsers) -> None:
     e.add_argument("--out", required=True, metavar="DIR", help="new (or empty) folder for the exported model")
     e.add_argument("--vocab", default=None, metavar="PREPARED_DIR",
                    help="the prepared training folder, when it is no longer where the run read it")
+    e.add_argument("--int8", action="store_true",
+                   help="store the tables row-wise quantized (uint8 and a float scale and bias per row: a quarter "
+                        "of the bytes, dequantized per looked-up row on the CPU); the MLPs stay float32")
     e.set_defaults(handler=_run_export)
     p = subparsers.add_parser("predict", help="score raw click-log lines with an exported model",
                               description="Score Criteo-format lines (labelled: 40 fields, or unlabelled: 39) with "
@@ -48,10 +51,10 @@ def add_serve_commands(subparsers) -> None:
 def _run_export(ns) -> int:
     from .export import export_model
 
-    spec = export_model(ns.source, ns.out, vocab=ns.vocab)
+    spec = export_model(ns.source, ns.out, vocab=ns.vocab, int8=ns.int8)
     ids = f"vocabulary {spec['vocab_digest'][:19]}..." if spec["ids"] == "vocabulary" else "raw ids folded by id % rows"
     print(f"exported step {spec['step']} of {spec['checkpoint']} to {ns.out}: 26 tables "
-          f"({sum(spec['table_sizes'])} rows x {spec['dim']}), {ids}")
+          f"({sum(spec['table_sizes'])} rows x {spec['dim']}, {spec['table_dtype']}), {ids}")
     print(f"score with: shardwise predict {ns.out} LOGS.tsv --out scores.txt  (or load {ns.out}/model.py)")
     return 0
 

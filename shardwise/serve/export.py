@@ -83,8 +83,9 @@ def standalone_dense_names(params: dict) -> dict:
 
     Example:
         >>> w = torch.zeros(1)
-        >>> sorted(standalone_dense_names({"dense_arch.model._mlp.1._linear.bias": w, "over_arch.model.0._mlp.0._linear.weight": w,
-        ...                                "over_arch.model.1.weight": w}))
+        >>> zoo = {"dense_arch.model._mlp.1._linear.bias": w, "over_arch.model.0._mlp.0._linear.weight": w,
+        ...        "over_arch.model.1.weight": w}
+        >>> sorted(standalone_dense_names(zoo))
         ['bottom.2.bias', 'top.0.weight', 'top.2.weight']
     """
     if not any(k.startswith(("dense_arch.", "over_arch.")) for k in params):
@@ -127,7 +128,8 @@ def _vocabulary(meta: dict, vocab_dir: Optional[str]):
     if not data or not Path(str(data).split(",")[0]).is_dir():
         if digest:
             raise ValueError(f"the run trained on {cfg.get('data')!r} with vocabulary {digest[:19]}..., which is not "
-                             f"there any more; pass --vocab PREPARED_DIR (that folder, or one prepared with its --vocab)")
+                             f"there any more; pass --vocab PREPARED_DIR (that folder, or one prepared with its "
+                             f"--vocab)")
         return None
     folder = str(data).split(",")[0]
     vocab = vocab_of_folder(folder, read_manifest(folder))
@@ -141,10 +143,12 @@ def _vocabulary(meta: dict, vocab_dir: Optional[str]):
     return vocab
 
 
-def export_model(source, out, vocab: Optional[str] = None) -> dict:
+def export_model(source, out, vocab: Optional[str] = None, int8: bool = False) -> dict:
     """Write the unsharded model of ``source`` (a run's ``--out``, a checkpoint folder or one step_*
     folder) into the new folder ``out``; return its ``model.json`` contents. ``vocab``: the prepared
-    training folder when it moved since training (checked against the run's digest)."""
+    training folder when it moved since training (checked against the run's digest). ``int8``: the
+    tables row-wise quantized to uint8 with a float scale and bias per row (a quarter of the bytes;
+    the MLPs stay float32)."""
     from ..train.checkpoint import read_meta
 
     out = Path(out)
@@ -172,8 +176,14 @@ def export_model(source, out, vocab: Optional[str] = None) -> dict:
                         "row % rows" if voc is not None else "row = raw id % rows") + "; a missing id: an empty bag",
             "oov_rows": voc.oov_rows if voc is not None else None, "vocab_digest": voc.digest if voc else None,
             "output": "logit; click probability = sigmoid(logit)",
-            "checkpoint": str(ckpt.resolve()), "step": meta.get("step")}
-    state = {f"tables.{f}.weight": tables[f] for f in features}
+            "checkpoint": str(ckpt.resolve()), "step": meta.get("step"),
+            "table_dtype": "int8_rowwise" if int8 else "float32"}
+    state = {}
+    for f in features:
+        if int8:
+            state[f"tables.{f}.qweight"], state[f"tables.{f}.scale_bias"] = standalone.quantize_rowwise(tables[f])
+        else:
+            state[f"tables.{f}.weight"] = tables[f]
     state.update({k: v for k, v in dense.items()})
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,9 @@ The export folder holds:
 - ``model.json``: the shapes (26 table sizes, embedding dim, MLP widths), the input rules and the
   vocabulary's digest;
 - ``model.pt``: a plain state dict (``torch.load(..., weights_only=True)``): ``tables.C<k>.weight``
-  [rows, dim] per feature, ``bottom.*`` / ``top.*`` the MLPs' ``nn.Linear`` weights;
+  [rows, dim] per feature, ``bottom.*`` / ``top.*`` the MLPs' ``nn.Linear`` weights; with
+  ``"table_dtype": "int8_rowwise"`` each table is ``tables.C<k>.qweight`` (uint8 [rows, dim]) and
+  ``tables.C<k>.scale_bias`` (float32 [rows, 2]): a row is ``qweight * scale + bias``;
 - ``vocab/C<k>.npy`` (with a vocabulary): int64 raw ids in row order;
 - this file, ``model.py``.
 
@@ -31,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["ClickModel", "load", "FORMAT"]
+__all__ = ["ClickModel", "RowwiseInt8Bag", "quantize_rowwise", "load", "FORMAT"]
 
 FORMAT = "shardwise-exported-dlrm"
 
@@ -43,6 +45,31 @@ def _mlp(widths, last_relu: bool) -> nn.Sequential:
         if last_relu or i < len(widths) - 2:
             layers.append(nn.ReLU())
     return nn.Sequential(*layers)
+
+
+class RowwiseInt8Bag(nn.Module):
+    """A summed embedding bag over uint8 rows with a float scale and bias per row (TorchRec's 8-bit
+    row-wise layout): only the rows looked up are dequantized, so the table stays 1 byte per value."""
+
+    def __init__(self, rows: int, dim: int):
+        super().__init__()
+        self.register_buffer("qweight", torch.zeros(rows, dim, dtype=torch.uint8))
+        self.register_buffer("scale_bias", torch.zeros(rows, 2, dtype=torch.float32))
+
+    def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        sb = self.scale_bias[values]
+        rows = self.qweight[values].float() * sb[:, :1] + sb[:, 1:]
+        lengths = torch.diff(offsets, append=offsets.new_tensor([values.numel()]))
+        bag = torch.repeat_interleave(torch.arange(offsets.numel()), lengths)
+        return torch.zeros(offsets.numel(), rows.shape[1]).index_add_(0, bag, rows)
+
+
+def quantize_rowwise(weight: torch.Tensor) -> tuple:
+    """(uint8 [rows, dim], float32 [rows, 2] scale and bias) of a float table, row by row."""
+    lo, hi = weight.min(dim=1).values, weight.max(dim=1).values
+    scale = torch.where(hi > lo, (hi - lo) / 255.0, torch.ones_like(hi))
+    q = torch.round((weight - lo[:, None]) / scale[:, None]).clamp(0, 255).to(torch.uint8)
+    return q, torch.stack([scale, lo], dim=1).float()
 
 
 class ClickModel(nn.Module):
@@ -60,7 +87,9 @@ class ClickModel(nn.Module):
         self.sizes = [int(n) for n in spec["table_sizes"]]
         dim = int(spec["dim"])
         self.dim = dim
-        self.tables = nn.ModuleDict({f: nn.EmbeddingBag(n, dim, mode="sum") for f, n in zip(self.features, self.sizes)})
+        bag = RowwiseInt8Bag if spec.get("table_dtype") == "int8_rowwise" else \
+            (lambda n, d: nn.EmbeddingBag(n, d, mode="sum"))
+        self.tables = nn.ModuleDict({f: bag(n, dim) for f, n in zip(self.features, self.sizes)})
         self.bottom = _mlp(spec["bottom"], last_relu=True)
         self.top = _mlp(spec["top"], last_relu=False)
         n = len(self.features) + 1

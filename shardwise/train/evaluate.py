@@ -142,8 +142,9 @@ def text_parts(paths: list, rank: int, world: int, cap: Optional[int], skip_bad_
 def _padded(b: Optional[ClickLogBatch], rows: int) -> ClickLogBatch:
     """``b`` followed by empty rows (dense 0, every id missing) up to ``rows``."""
     have = 0 if b is None else len(b.labels)
-    pad = ClickLogBatch(np.zeros((rows - have, NUM_DENSE), np.float32), np.full((rows - have, NUM_SPARSE), -1, np.int64),
-                np.zeros(rows - have, np.float32))
+    n = rows - have
+    pad = ClickLogBatch(np.zeros((n, NUM_DENSE), np.float32), np.full((n, NUM_SPARSE), -1, np.int64),
+                        np.zeros(n, np.float32))
     if b is None:
         return pad
     return ClickLogBatch(*(np.concatenate([getattr(b, f), getattr(pad, f)]) for f in ("dense", "ids", "labels")))

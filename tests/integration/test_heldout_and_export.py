@@ -56,6 +56,12 @@ def test_predict_with_the_exported_model_matches_the_job(trained, capsys):
     got = auc(torch.from_numpy(scores), torch.from_numpy(labels))
     print(f"predict AUC {got:.4f} (job {m['auc']['eval']:.4f})")
     assert abs(got - m["auc"]["eval"]) < 0.01 and f"AUC {got:.4f} over 5000 labelled line(s)" in out
+    # int8 row-wise tables for CPU serving: the AUC change, measured
+    assert main(["export", str(tmp / "r"), "--out", str(tmp / "int8"), "--int8"]) == 0
+    assert main(["predict", str(tmp / "int8"), str(tmp / "held.tsv"), "--out", str(tmp / "s8.txt")]) == 0
+    q = auc(torch.from_numpy(np.loadtxt(tmp / "s8.txt")), torch.from_numpy(labels))
+    print(f"int8 row-wise tables: predict AUC {q:.4f} ({q - got:+.5f} against float32)")
+    assert abs(q - got) < 0.005
 
 
 def test_unseen_ids_land_in_the_oov_row(trained):
@@ -84,7 +90,8 @@ def test_unseen_ids_land_in_the_oov_row(trained):
 
 def test_the_export_loads_without_shardwise(trained):
     tmp = trained[0]
-    code = ("import sys, json, numpy as np; sys.path.insert(0, sys.argv[1]); import model; m = model.load(sys.argv[1]); "
+    code = ("import sys, json, numpy as np; sys.path.insert(0, sys.argv[1]); import model; "
+            "m = model.load(sys.argv[1]); "
             "s = m.score(np.ones((3, 13)), np.full((3, 26), -1)); "
             "assert not [k for k in sys.modules if k.startswith('shardwise')]; print(s.shape)")
     out = subprocess.run([sys.executable, "-I", "-c", code, str(tmp / "exported")], capture_output=True, text=True,

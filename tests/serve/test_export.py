@@ -146,3 +146,30 @@ def test_predict_unlabelled_and_bad_lines(tmp_path, capsys):
     assert "scored 7 line(s)" in out and "skipped 1 malformed line(s) (scored nan)" in out
     got = np.loadtxt(tmp_path / "s")
     assert np.isnan(got[2]) and np.allclose(np.delete(got, 2), labelled.scores, rtol=1e-6)
+
+
+def test_int8_rowwise_tables(tmp_path):
+    from shardwise.serve.standalone import quantize_rowwise
+
+    sizes = [6 + i for i in range(26)]
+    _checkpoint(tmp_path, sizes)
+    export_model(tmp_path / "run", tmp_path / "f")
+    spec = export_model(tmp_path / "run", tmp_path / "q", int8=True)
+    assert spec["table_dtype"] == "int8_rowwise"
+    state = torch.load(tmp_path / "q" / "model.pt", weights_only=True)
+    assert state["tables.C1.qweight"].dtype == torch.uint8 and state["tables.C1.scale_bias"].shape == (6, 2)
+    w = torch.randn(5, 4)
+    q, sb = quantize_rowwise(w)
+    back = q.float() * sb[:, :1] + sb[:, 1:]
+    assert (back - w).abs().max() <= sb[:, :1].max() / 2 + 1e-6            # half a step per value at most
+    # ground truth: the float model with every table replaced by its dequantized rows
+    fm = load_model(tmp_path / "f")
+    with torch.no_grad():
+        for f in fm.features:
+            t = fm.tables[f].weight
+            qq, s = quantize_rowwise(t)
+            t.copy_(qq.float() * s[:, :1] + s[:, 1:])
+    batch = CriteoTSV(write_log(tmp_path / "a.tsv", 40, seed=8)).batch(0, 40)
+    batch.ids[3, :5] = -1                              # empty bags too
+    np.testing.assert_allclose(load_model(tmp_path / "q").score(batch.dense, batch.ids),
+                               fm.score(batch.dense, batch.ids), rtol=1e-5, atol=1e-6)

@@ -118,7 +118,8 @@ def test_which_vocabulary_the_held_out_data_goes_through(tmp_path, capsys):
     assert eval_vocabulary(None, str(held)) is None
     with pytest.raises(ValueError, match="categorified .* but --data holds raw ids"):
         eval_vocabulary(None, str(tmp_path / "same"))
-    argv = ["train", "--data", str(tmp_path / "cat"), "--eval-data", str(tmp_path / "own"), "--out", str(tmp_path / "r")]
+    argv = ["train", "--data", str(tmp_path / "cat"), "--eval-data", str(tmp_path / "own"),
+            "--out", str(tmp_path / "r")]
     assert main(argv) == 2         # refused before the launch
     err = capsys.readouterr().err
     assert "was categorified with another vocabulary than --data" in err and "--vocab TRAIN_DIR" in err
