@@ -1,4 +1,4 @@
-"""The Criteo click-log schema: the column names, the raw batch every reader returns, and the line parser.
+r"""The Criteo click-log schema: the column names, the raw batch every reader returns, and the line parser.
 
 A line is ``label <TAB> I1..I13 <TAB> C1..C26`` (40 fields): the label 0 or 1, counts as decimal
 integers (missing = 0, negative ones read as 0), categorical ids as hex (missing = -1: an empty bag).

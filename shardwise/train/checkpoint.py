@@ -119,9 +119,14 @@ def resume_point(cfg) -> Path:
         if now != meta["table_sizes"]:
             raise ValueError(f"--resume: {path} was saved with other table sizes: "
                              f"{size_differences(meta['table_sizes'], now, 'saved', 'now')}; resume with the same "
-                             f"--data/--num-embeddings-per-feature/--rows/--max-rows, or start a new run in another --out")
+                             f"--data/--num-embeddings-per-feature/--rows/--max-rows, or start a new run in another "
+                             f"--out")
+    from .sizes import DEMO_ROWS
+
+    def flag(k: str, v):   # --rows left out: the synthetic log's default, which older runs saved as a number
+        return (v or DEMO_ROWS) if k == "rows" and not cfg.data else v
     differ = [f"--{k.replace('_', '-')} {saved.get(k)} (now {getattr(cfg, k)})" for k in keys
-              if saved.get(k) != getattr(cfg, k)]
+              if flag(k, saved.get(k)) != flag(k, getattr(cfg, k))]
     if differ:
         raise ValueError(f"--resume: {path} was saved with {', '.join(differ)}; resume with the same table "
                          f"sizes or start a new run in another --out")

@@ -60,7 +60,7 @@ def test_predict_with_the_exported_model_matches_the_job(trained, capsys):
     assert main(["export", str(tmp / "r"), "--out", str(tmp / "int8"), "--int8"]) == 0
     assert main(["predict", str(tmp / "int8"), str(tmp / "held.tsv"), "--out", str(tmp / "s8.txt")]) == 0
     q = auc(torch.from_numpy(np.loadtxt(tmp / "s8.txt")), torch.from_numpy(labels))
-    print(f"int8 row-wise tables: predict AUC {q:.4f} ({q - got:+.5f} against float32)")
+    print(f"int8 row-wise tables: predict AUC {q:.6f} ({q - got:+.2e} against float32 {got:.6f})")
     assert abs(q - got) < 0.005
 
 

@@ -75,3 +75,16 @@ def test_a_resume_with_other_sizes_names_the_features(folders, tmp_path):
     meta["table_sizes"] = sizes
     (step / "meta.json").write_text(json.dumps(meta))
     assert resume_point(cfg) == step
+
+
+def test_a_resume_of_an_older_synthetic_run_without_rows(tmp_path):
+    """Runs saved before --rows defaulted to None saved rows=100000: resuming them without --rows works."""
+    step = tmp_path / "r" / "checkpoints" / "step_00000004"
+    step.mkdir(parents=True)
+    (step / "COMMITTED").write_text("4\n")
+    old = json.loads(TrainConfig().to_json())
+    old["rows"] = 100000
+    (step / "meta.json").write_text(json.dumps({"step": 4, "story": {}, "config": json.dumps(old)}))
+    assert resume_point(TrainConfig(out=str(tmp_path / "r"), resume=True)) == step
+    with pytest.raises(ValueError, match=r"--rows 100000 \(now 5000\)"):
+        resume_point(TrainConfig(out=str(tmp_path / "r"), resume=True, rows=5000))
