@@ -20,7 +20,6 @@ import torch.distributed as dist
 
 from ..embedding import EmbeddingShardingPlanner, ParameterSharding, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
-from .plan_json import plan_from_json, plan_to_json
 from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes
 from .sizes import job_tables
@@ -28,7 +27,7 @@ from .data import PerRank, Rows, SyntheticClicks, open_data, to_model_inputs
 from .dense import make_dense_runner
 from .model import DenseArch, auc, make_ebc, make_tables   # noqa: F401 (auc: the job's metric)
 from .report import Progress, console
-from .replan import describe, keep_plan
+from .replan import describe, keep_plan, plan_from_json, plan_to_json
 from .pipeline import TrainPipeline
 from .reshard import live_reshard
 from .report.steady import Steady

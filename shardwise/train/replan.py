@@ -22,7 +22,19 @@ from __future__ import annotations
 
 from ..embedding import ParameterSharding, ShardingType, data_parallel, row_wise, table_wise
 
-__all__ = ["keep_plan", "describe", "placements"]
+__all__ = ["keep_plan", "describe", "placements", "plan_to_json", "plan_from_json"]
+
+
+def plan_to_json(plan: dict) -> dict:
+    """``{table: {"type", "ranks", "host"}}``: a plan as JSON (checkpoint meta, the report)."""
+    return {t: {"type": ps.sharding_type.value, "ranks": None if ps.ranks is None else list(ps.ranks),
+                "host": ps.host_index} for t, ps in plan.items()}
+
+
+def plan_from_json(raw: dict) -> dict:
+    """The plan :func:`plan_to_json` wrote."""
+    return {t: ParameterSharding(ShardingType(v["type"]), None if v["ranks"] is None else tuple(v["ranks"]),
+                                 v["host"]) for t, v in raw.items()}
 
 
 def describe(ps: ParameterSharding) -> str:
