@@ -62,14 +62,14 @@ VARIANTS = ("planner+compile", "planner+ddp", "table_wise+ddp")
 def prepare(path: str, world: int, batch: int, count: int) -> dict:
     """Write the batches each rank reads in the job's first ``count`` steps and the initial weights."""
     from shardwise.embedding import EmbeddingBagCollection
+    from shardwise.train.budget import table_sizes
     from shardwise.train.config import TrainConfig
-    from shardwise.train.data import open_data, to_model_inputs
+    from shardwise.train.data import default_cardinalities, open_data, to_model_inputs
     from shardwise.train.model import DenseArch, make_tables
 
     cfg = TrainConfig()
-    from shardwise.train.sizes import job_tables
-
-    cards = job_tables(cfg).sizes
+    rows = cfg.rows or 100_000   # the job's synthetic default (shardwise.train.sizes.DEMO_ROWS)
+    cards = table_sizes(default_cardinalities(rows), cfg.num_embeddings_per_feature, cfg.max_rows)
     data = open_data(None, cfg.seed, cards)
     per_rank = []
     for r in range(world):
