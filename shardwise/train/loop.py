@@ -25,7 +25,7 @@ from .budget import budget_bytes
 from .sizes import job_tables
 from .data import PerRank, Rows, SyntheticClicks, open_data, to_model_inputs
 from .dense import make_dense_runner
-from .model import DenseArch, auc, make_ebc, make_tables   # noqa: F401 (auc: the job's metric)
+from .model import DenseArch, auc, make_ebc, make_tables
 from .report import Progress, console
 from .replan import describe, keep_plan, plan_from_json, plan_to_json
 from .pipeline import TrainPipeline
