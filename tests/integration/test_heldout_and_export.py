@@ -39,6 +39,7 @@ def test_the_job_scores_the_held_out_file_through_the_training_vocabulary(traine
     best = auc(torch.from_numpy(logit), torch.from_numpy(labels))
     print(f"label logit AUC {best:.4f}, job eval AUC {m['auc']['eval']:.4f} over {m['eval_rows']} rows")
     assert m["eval_rows"] == 5000                     # the whole held-out file, on both ranks
+    assert m["table_sizes_source"] == f"the manifest of {tmp / 'p'}"
     assert m["eval_data"] == f"held-out file {tmp / 'held.tsv'} through the training vocabulary"
     assert abs(m["auc"]["eval"] - best) < 0.02, (m["auc"]["eval"], best)
     # the job mapped every held-out id the training file never had (and only those) to the OOV row

@@ -1,5 +1,7 @@
 """Scoring the held-out set: every rank's share once, exact AUC against one process, the vocabulary rules."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -132,3 +134,15 @@ def test_padding_rows_are_empty():
     b = _padded(ClickLogBatch(np.ones((2, 13), np.float32), np.zeros((2, 26), np.int64), np.ones(2, np.float32)), 5)
     assert b.ids.shape == (5, 26) and (b.ids[2:] == -1).all() and (b.dense[2:] == 0).all()
     assert _padded(None, 3).labels.shape == (3,)
+
+
+def test_eval_rows_flag(capsys):
+    from shardwise.train.config import TrainConfig
+
+    assert main(["train", "--eval-rows", "0", "--quiet"]) == 2
+    assert "eval_rows=0 must be a positive int" in capsys.readouterr().err
+    # configs saved before the flag (eval_examples) still load, as the cap they were
+    raw = json.loads(TrainConfig().to_json())
+    raw.pop("eval_rows")
+    raw["eval_examples"] = 4096
+    assert TrainConfig.from_json(json.dumps(raw)).eval_rows == 4096
