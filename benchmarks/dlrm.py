@@ -68,7 +68,8 @@ def prepare(path: str, world: int, batch: int, count: int) -> dict:
     from shardwise.train.model import DLRMDense, make_tables
 
     cfg = TrainConfig()
-    cards = table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows)
+    rows = cfg.rows or 100_000   # the job's synthetic default (shardwise.train.sizes.DEMO_ROWS)
+    cards = table_sizes(default_cardinalities(rows), cfg.num_embeddings_per_feature, cfg.max_rows)
     data = open_data(None, cfg.seed, cards)
     per_rank = []
     for r in range(world):

@@ -1,10 +1,12 @@
-"""The ``shardwise`` command: ``train``, ``plan``, ``bench``, ``validate``.
+"""The ``shardwise`` command: ``train``, ``plan``, ``data``, ``export``, ``predict``, ``bench``, ``validate``.
 
 Example::
 
     shardwise train                         # 2 local processes, synthetic click log, report in ./shardwise-report
     shardwise train --data day_0.tsv --steps 2000 --nproc-per-node 4
     shardwise data prepare day_0.tsv.gz --out prepared --categorify
+    shardwise export shardwise-report --out exported     # the trained model, unsharded
+    shardwise predict exported day_1.tsv.gz --out scores.txt
     shardwise plan --tables 8 --rows 1000000 --dim 64 --world 4
     shardwise plan --config tables.json --world 64 --ranks-per-host 8 --json
     shardwise bench
@@ -61,11 +63,13 @@ class _TRAIN_DEFAULTS:   # `shardwise plan` plans by default what `shardwise tra
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="shardwise", description="Shard PyTorch training across processes and machines.")
-    sub = p.add_subparsers(dest="command", metavar="{train,plan,data,bench,validate}")
+    sub = p.add_subparsers(dest="command", metavar="{train,plan,data,export,predict,bench,validate}")
     sub.required = True
     _train_parser(sub)
     from .data.cli import add_data_commands   # `shardwise data prepare`; its handler rides on the namespace
     add_data_commands(sub)
+    from .serve.cli import add_serve_commands   # `shardwise export` / `shardwise predict`
+    add_serve_commands(sub)
     pl = sub.add_parser("plan", help="print a sharding plan without training",
                         description="Plan tables over W ranks and print the plan with its estimate. The tables: "
                                     "--config FILE (JSON, or YAML with PyYAML), or --tables N equal tables of "
@@ -145,10 +149,15 @@ def _cmd_train(ns) -> int:
         raise ValueError(f"--eval-fraction holds out the end of --data, which a stream of text logs does not know "
                          f"in advance: prepare them first (shardwise data prepare {cfg.data.replace(',', ' ')} "
                          f"--out DIR, then --data DIR) or pass --eval-data")
+    from .train.evaluate import eval_vocabulary
+    from .train.sizes import job_tables
+
     bad = 0
     for path in (cfg.data, cfg.eval_data):
         if path:
             bad += check_logs(path, cfg.skip_bad_lines) or 0   # a malformed input fails here, before any process starts
+    # table sizes and the held-out data's vocabulary agree with the data, or fail here, before the launch
+    eval_vocabulary(job_tables(cfg).vocabulary, cfg.eval_data)
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
     from .train.host import host_cores

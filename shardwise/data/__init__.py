@@ -7,6 +7,10 @@ r"""Real click logs: Criteo-format files read with pyarrow, and prepared binary 
 - ``open_click_logs``: a file, several files, or a prepared folder -> a reader with
   ``batch(start, count) -> ClickLogBatch`` over this rank's rows.
 - ``AgreedReader``: wraps a reader so a bad line on one rank raises on every rank.
+- ``criteo``: the schema (``ClickLogBatch``, the column names, ``parse_line``): ``shardwise.data``
+  needs nothing from the training job.
+- ``Vocabulary``: a categorified folder's raw id -> row mappings (unseen and rare ids -> each
+  feature's rare/OOV row) and their digest, shared by training, evaluation and serving.
 
 Example:
     >>> from shardwise.data import open_click_logs
@@ -26,12 +30,15 @@ from typing import Sequence, Union
 
 from .agree import AgreedReader
 from .categorify import FeatureMapping, IdCounter
+from .criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch, parse_line
 from .prepared import PreparedClickLogs, prepare, read_manifest
 from .reader import DEFAULT_BLOCK_SIZE, ClickLogReader, as_path_list
+from .vocab import Vocabulary
 
 __all__ = [
     "ClickLogReader", "PreparedClickLogs", "prepare", "read_manifest", "open_click_logs", "IdCounter",
-    "FeatureMapping", "AgreedReader", "DEFAULT_BLOCK_SIZE",
+    "FeatureMapping", "AgreedReader", "DEFAULT_BLOCK_SIZE", "Vocabulary", "ClickLogBatch", "parse_line",
+    "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES",
 ]
 
 

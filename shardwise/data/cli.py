@@ -4,6 +4,7 @@ Example::
 
     shardwise data prepare day_0.tsv.gz day_1.tsv.gz --out prepared
     shardwise data prepare day_0.tsv.gz --out prepared --categorify --min-count 3
+    shardwise data prepare day_1.tsv.gz --out heldout --vocab prepared     # the training vocabulary
 """
 
 from __future__ import annotations
@@ -38,7 +39,11 @@ def add_data_commands(subparsers) -> None:
     p.add_argument("--categorify", action="store_true",
                    help="map each feature's ids to rows 0..K-1 by frequency and print the table sizes")
     p.add_argument("--min-count", type=int, default=1, metavar="N",
-                   help="with --categorify: ids seen fewer than N times share one row (default %(default)s)")
+                   help="with --categorify: ids seen fewer than N times share the feature's rare/OOV row, with every "
+                        "id never seen (default %(default)s)")
+    p.add_argument("--vocab", default=None, metavar="PREPARED_DIR",
+                   help="map the ids through the vocabulary of a folder prepared with --categorify (held-out or "
+                        "later files of the same model: ids it never saw go to the OOV row)")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip malformed lines and count them in the manifest instead of stopping at the first")
     p.set_defaults(handler=run_data_command)
@@ -68,7 +73,7 @@ def run_data_command(ns) -> int:
     if ns.min_count != 1 and not ns.categorify:
         raise ValueError(f"--min-count {ns.min_count} needs --categorify (it sets which ids share the rare row)")
     manifest = prepare(ns.inputs, ns.out, block_size=parse_size(ns.block_size), categorify=ns.categorify,
-                       min_count=ns.min_count, skip_bad_lines=ns.skip_bad_lines)
+                       min_count=ns.min_count, skip_bad_lines=ns.skip_bad_lines, vocab=ns.vocab)
     rows, secs = manifest["rows"], manifest["seconds"]
     print(f"prepared {rows} rows from {len(manifest['sources'])} file(s) into {ns.out} in {secs:.1f} s "
           f"({rows / max(secs, 1e-9):,.0f} rows/s; peak RSS {_peak_rss_mib():.0f} MiB)")
@@ -76,8 +81,15 @@ def run_data_command(ns) -> int:
         print(f"skipped {manifest['bad_lines_skipped']} malformed line(s)")
     if manifest["table_sizes"]:
         sizes = ",".join(str(s) for s in manifest["table_sizes"])
-        print(f"table sizes (C1..C26, min count {manifest['min_count']}): {sizes}")
-        print(f"train with: shardwise train --data {ns.out} --num-embeddings-per-feature {sizes}")
+        print(f"table sizes (C1..C26, min count {manifest['min_count']}; the last row of each is the rare/OOV "
+              f"row): {sizes}")
+        if ns.vocab:
+            oov = manifest["oov_ids"]
+            print(f"vocabulary of {ns.vocab} ({manifest['vocabulary']['digest'][:19]}...); ids it never saw (-> "
+                  f"OOV row): {sum(oov)} in all, most in C{1 + max(range(len(oov)), key=oov.__getitem__)}")
+            print(f"evaluate with: shardwise train --data {ns.vocab} --eval-data {ns.out}")
+        else:
+            print(f"train with: shardwise train --data {ns.out}   (table sizes read from its manifest)")
     sys.stdout.flush()
     return 0
 

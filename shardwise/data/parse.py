@@ -24,8 +24,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from ..train.data import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch
-from ..train.data import _parse_line as _python_parse_line
+from .criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch
+from .criteo import parse_line as _python_parse_line
 
 __all__ = ["ChunkOptions", "ParsedChunk", "parse_chunk", "explain_line"]
 

@@ -1,4 +1,4 @@
-r"""``ClickLogReader``: Criteo-format text files streamed in blocks, one rank's rows, as ``ClickLogBatch`` blocks.
+r"""``ClickLogReader``: Criteo-format text files streamed in blocks, one rank's rows, as ``ClickLogBatch``es.
 
 Example:
     >>> import os, tempfile; tmp = tempfile.TemporaryDirectory(); path = os.path.join(tmp.name, "day_0.tsv")
@@ -16,7 +16,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import numpy as np
 
-from ..train.data import ClickLogBatch
+from .criteo import ClickLogBatch
 from .parse import ChunkOptions, parse_chunk
 from .split import Source
 

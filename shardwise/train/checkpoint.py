@@ -111,7 +111,22 @@ def resume_point(cfg) -> Path:
     saved = json.loads(meta["config"])
     # table shapes must match what was saved; batch size, dense mode and world size may change
     keys = ("rows", "dim", "num_embeddings_per_feature", "max_rows")
-    differ = [_differs(k, saved.get(k), getattr(cfg, k)) for k in keys if saved.get(k) != getattr(cfg, k)]
+    if "table_sizes" in meta:   # saved with the sizes the job used: compare those, feature by feature
+        from .sizes import job_tables, size_differences
+
+        keys = ("dim",)
+        now = job_tables(cfg).sizes
+        if now != meta["table_sizes"]:
+            raise ValueError(f"--resume: {path} was saved with other table sizes: "
+                             f"{size_differences(meta['table_sizes'], now, 'saved', 'now')}; resume with the same "
+                             f"--data/--num-embeddings-per-feature/--rows/--max-rows, or start a new run in another "
+                             f"--out")
+    from .sizes import DEMO_ROWS
+
+    def flag(k: str, v):   # --rows left out: the synthetic log's default, which older runs saved as a number
+        return (v or DEMO_ROWS) if k == "rows" and not cfg.data else v
+    differ = [_differs(k, saved.get(k), getattr(cfg, k)) for k in keys
+              if flag(k, saved.get(k)) != flag(k, getattr(cfg, k))]
     if differ:
         raise ValueError(f"--resume: {path} was saved with {', '.join(differ)}; resume with the same table "
                          f"sizes or start a new run in another --out")

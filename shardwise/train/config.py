@@ -22,7 +22,9 @@ class TrainConfig:
     """Everything a worker needs; travels to workers as JSON so ``torchrun`` can pass it too.
 
     ``batch_size`` is per rank. ``reshard_at=0`` turns the live reshard off. ``rows`` is the size of
-    the largest synthetic table (the others spread log-uniformly below it).
+    the largest synthetic table (the others spread log-uniformly below it; None: the demo's 100000
+    for the synthetic log, while raw-id logs need it or ``num_embeddings_per_feature``, and a
+    categorified folder's manifest gives the sizes: see ``shardwise.train.sizes``).
 
     Example:
         >>> cfg = TrainConfig(steps=40, batch_size=128, out="report")
@@ -46,7 +48,7 @@ class TrainConfig:
     # the tables' fused update through torch.compile: faster steps, but a compile at start-up that
     # the demo's 1000 steps do not win back (docs/train.md, "The compiled update")
     compile_update: bool = False
-    rows: int = 100000
+    rows: Optional[int] = None
     dim: int = 16
     lr_dense: float = 0.003
     lr_sparse: float = 0.05
@@ -58,7 +60,7 @@ class TrainConfig:
     skip_bad_lines: bool = False         # skip and count malformed log lines instead of failing
     threads: Optional[int] = None        # None: this host's cores / the ranks on this host
     device: Optional[str] = None         # "cuda" | "cpu"; None: cuda when every local process has a GPU
-    eval_examples: int = 8192
+    eval_rows: Optional[int] = None      # cap on the held-out rows scored; None: all (8192 of the synthetic log)
     log_every: int = 10
     quiet: bool = False
     # seconds a collective may wait for a missing rank before every waiting rank fails loudly
@@ -71,8 +73,10 @@ class TrainConfig:
     drift_features: Optional[list] = None   # None: train/drift.py's DRIFT_FEATURES
 
     def __post_init__(self):
-        for name in ("steps", "batch_size", "rows", "dim", "eval_examples", "log_every"):
+        for name in ("steps", "batch_size", "rows", "dim", "eval_rows", "log_every"):
             v = getattr(self, name)
+            if v is None and name in ("rows", "eval_rows"):
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"{name}={v!r} must be a positive int")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
@@ -113,7 +117,7 @@ class TrainConfig:
                                  f"e.g. --sharding-types table_wise to force an all-table-wise plan")
             self.sharding_types = list(self.sharding_types)
         self._check_drift()
-        if self.rows < 8:
+        if self.rows is not None and self.rows < 8:
             raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
 
     def _check_tables_and_eval(self) -> None:
@@ -164,6 +168,8 @@ class TrainConfig:
     @staticmethod
     def from_json(text: str) -> "TrainConfig":
         raw = json.loads(text)
+        if "eval_examples" in raw:   # the name of eval_rows in configs saved before it capped a whole-set eval
+            raw["eval_rows"] = raw.pop("eval_examples")
         known = {f.name for f in dataclasses.fields(TrainConfig)}
         unknown = sorted(set(raw) - known)
         if unknown:

@@ -13,14 +13,14 @@ Example:
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from ..data.criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch
+from ..data.criteo import parse_line as _parse_line
 from ..sparse import KeyedJaggedTensor
 
 __all__ = [
@@ -28,27 +28,11 @@ __all__ = [
     "default_cardinalities", "to_model_inputs", "open_data", "Rows",
 ]
 
-NUM_DENSE, NUM_SPARSE = 13, 26
-DENSE_NAMES = [f"I{i + 1}" for i in range(NUM_DENSE)]
-SPARSE_NAMES = [f"C{i + 1}" for i in range(NUM_SPARSE)]
 # Synthetic examples are generated in fixed sub-blocks, each from its own seed, so any slice is
 # reproducible and a rank generates only the sub-blocks holding the rows it reads (with the job's
 # default 256 per rank: exactly its own rows, whatever the world size).
 _SUB_BLOCK = 256
 _CACHED_SUB_BLOCKS = 9   # a read that ends inside a sub-block finds it again at the next step
-_INT = re.compile(r"-?[0-9]+")
-_HEX = re.compile(r"[0-9a-fA-F]+")
-_INT64_LIMIT = 2**63
-
-
-@dataclass
-class ClickLogBatch:
-    """Raw features: ``dense`` float32 [n, 13] (missing = 0), ``ids`` int64 [n, 26] (missing = -1),
-    ``labels`` float32 [n]. (TorchRec's ``Batch`` of model inputs is :class:`shardwise.datasets.Batch`.)"""
-
-    dense: np.ndarray
-    ids: np.ndarray
-    labels: np.ndarray
 
 
 def default_cardinalities(max_rows: int) -> list[int]:
@@ -187,46 +171,6 @@ class CriteoTSV:
     def batch(self, start: int, count: int) -> ClickLogBatch:
         idx = np.arange(start, start + count) % len(self.labels)
         return ClickLogBatch(self.dense[idx], self.ids[idx], self.labels[idx])
-
-
-def _parse_line(line: str, line_no: int, name: str):
-    fields = line.rstrip("\r\n").split("\t")
-    where = f"{name} line {line_no}"
-    if len(fields) != 1 + NUM_DENSE + NUM_SPARSE:
-        raise ValueError(f"{where}: expected 40 tab-separated fields (label, I1-I13, C1-C26), got "
-                         f"{len(fields)}; fix or drop that line")
-    if fields[0] not in ("0", "1"):
-        raise ValueError(f"{where}, field label: {fields[0]!r} must be 0 or 1 (clicked or not); fix or drop that line")
-    dense = []
-    for k, text in enumerate(fields[1:1 + NUM_DENSE]):
-        # a regex, not just int(): int() also takes ' 5', '+5' and '1_000'
-        if text and _INT.fullmatch(text):
-            if len(text.lstrip("-")) > 18 and abs(int(text)) >= _INT64_LIMIT:
-                # float32 would turn it into inf and the loss into nan many steps later
-                raise ValueError(f"{where}, field {DENSE_NAMES[k]}: {text!r} is outside the 64-bit integer "
-                                 f"range; counts in a Criteo file fit in int64, fix or drop that line")
-            dense.append(max(int(text), 0))
-        elif not text:
-            dense.append(0)
-        else:
-            raise ValueError(f"{where}, field {DENSE_NAMES[k]}: {text!r} is not an integer; "
-                             f"use a decimal integer or leave it empty for missing")
-    ids = []
-    for k, text in enumerate(fields[1 + NUM_DENSE:]):
-        if text.startswith("-") and _HEX.fullmatch(text[1:]):
-            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is negative; ids must be >= 0 "
-                             f"(hex digits only), or leave the field empty for missing")
-        if text and not _HEX.fullmatch(text):
-            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} is not a hex id; "
-                             f"use hex digits (e.g. 68fd1e64) or leave it empty for missing")
-        if len(text) > 16:
-            # ids are stored as int64; numpy would raise a bare OverflowError without the line
-            raise ValueError(f"{where}, field {SPARSE_NAMES[k]}: {text!r} has {len(text)} hex digits; ids must "
-                             f"fit in 64 bits (at most 16 hex digits, Criteo's have 8), fix or drop that line")
-        value = int(text, 16) if text else -1
-        # a 64-bit hash with its top bit set keeps its low 63 bits: ids stay int64 and >= 0 (-1 = missing)
-        ids.append(value % _INT64_LIMIT if value >= 0 else value)
-    return int(fields[0]), dense, ids
 
 
 class PerRank:

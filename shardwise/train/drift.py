@@ -122,8 +122,12 @@ class DriftingClicks:
         """(dense [n, 13] = log1p(ints), KeyedJaggedTensor of C1..C26, labels [n]) for examples
         ``start ..``: each bag holds the example's id (none if missing) and, for a drifted feature
         after the drift, its extra ids."""
-        b = self.batch(start, count)
-        drifted = {j: k for k, j in enumerate(self.features)}
+        return self.inputs_of(self.batch(start, count), cardinalities, device)
+
+    def inputs_of(self, b, cardinalities: Sequence[int], device) -> tuple:
+        """The model inputs of batch ``b`` (as :meth:`model_inputs`); a plain batch (no ``extra``, e.g. the
+        empty rows evaluation pads with) has no extra ids."""
+        drifted = {j: k for k, j in enumerate(self.features)} if hasattr(b, "extra") else {}
         values, lengths = [], []
         for j in range(NUM_SPARSE):   # key-major: every bag of C1 for the batch, then C2, ...
             ids = b.ids[:, j:j + 1]

@@ -22,11 +22,12 @@ import torch.distributed as dist
 from ..embedding import GreedyShardingPlanner, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
 from .config import JOB_SHARDING_TYPES, TrainConfig
-from .budget import budget_bytes, peak_rss_per_rank, table_sizes
-from .data import PerRank, Rows, SyntheticClicks, default_cardinalities, open_data, to_model_inputs
+from .budget import budget_bytes, peak_rss_per_rank
+from .sizes import job_tables
+from .data import PerRank, Rows, SyntheticClicks, open_data, to_model_inputs
 from .drift import DRIFT_FEATURES, DriftingClicks
 from .dense import make_dense_runner
-from .model import DLRMDense, auc, make_ebc, make_tables
+from .model import DLRMDense, make_ebc, make_tables
 from .report import Progress, console
 from .replan import keep_plan, plan_from_json, plan_to_json
 from .pipeline import TrainPipeline
@@ -40,6 +41,13 @@ from .report.notices import drift_notice, reshard_notice, segment_notice
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
 
 _EVAL_START = 1 << 40   # synthetic eval examples come from far beyond any training cursor
+
+
+def open_click_logs_folder(folder: str):
+    """A prepared folder, every row addressable on every rank (its rows are memory-mapped)."""
+    from ..data import open_click_logs
+
+    return open_click_logs([folder], 0, 1)
 
 
 # steps that are not steady state: the first traces the compiled dense graph, the next ones still
@@ -59,7 +67,8 @@ class Trainer:
             cfg.batch_size = resumed_batch(meta["world"] * json.loads(meta["config"])["batch_size"], self.world)
         self.device = torch.device(mesh.device_type, torch.cuda.current_device()) \
             if mesh.device_type == "cuda" else torch.device(mesh.device_type)
-        self.cards = table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows)
+        self.job_tables = job_tables(cfg)   # from the data's manifest or the flags (train/sizes.py)
+        self.cards = self.job_tables.sizes
         self.memory_bytes, self.memory_source = budget_bytes(cfg.memory_per_rank_mb, self.device, ranks_on_host)
         self.data, self.eval_data, self.eval_source = self._open_logs()
         self.tables = make_tables(self.cards, cfg.dim)
@@ -91,11 +100,21 @@ class Trainer:
 
     def _open_logs(self) -> tuple:
         """(training log, held-out log, what the eval scores): the synthetic log's eval examples lie far
-        beyond any training cursor; a file's come from --eval-data or its last --eval-fraction."""
+        beyond any training cursor; a file's come from --eval-data or its last --eval-fraction. Held-out
+        text files are read at the end, each rank its own stripes (``self.eval_paths``); their raw ids,
+        and a raw-id held-out folder's, go through the training folder's vocabulary (``self.eval_vocab``)."""
+        from .evaluate import eval_vocabulary
+
         cfg = self.cfg
         data = self._open(cfg.data)
+        self.eval_paths, self.eval_vocab = None, eval_vocabulary(self.job_tables.vocabulary, cfg.eval_data)
+        via = " through the training vocabulary" if self.eval_vocab is not None else ""
         if cfg.eval_data:
-            return data, self._open(cfg.eval_data), f"held-out file {cfg.eval_data}"
+            paths = [p for p in cfg.eval_data.split(",") if p]
+            if len(paths) == 1 and Path(paths[0]).is_dir():
+                return data, open_click_logs_folder(paths[0]), f"held-out folder {cfg.eval_data}{via}"
+            self.eval_paths = paths
+            return data, None, f"held-out file {cfg.eval_data}{via}"
         if cfg.eval_fraction:
             if not hasattr(data, "__len__"):
                 raise ValueError(f"--eval-fraction needs to know where --data ends: prepare it first "
@@ -225,11 +244,6 @@ class Trainer:
         self.step += 1
         return loss, logits, labels
 
-    def _gather(self, t: torch.Tensor) -> torch.Tensor:
-        out = [torch.empty_like(t) for _ in range(self.world)]
-        dist.all_gather(out, t.contiguous())
-        return torch.cat(out)
-
     # ---- run ------------------------------------------------------------------------------------
     def run(self) -> Optional[dict]:
         cfg = self.cfg
@@ -350,25 +364,31 @@ class Trainer:
             "step_ms": self.steady.median_ms(self.window_from, self.step)}
         meta = {"open_window": open_window, "step": self.step, "cursor": self.cursor, "world": self.world, "plan": plan_to_json(self.plan),
                 "history": self.history, "story": self.story, "reshard_state": self.reshard_state,
-                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json()}
+                "elapsed": getattr(self, "elapsed_now", self.elapsed), "config": self.cfg.to_json(),
+                "table_sizes": list(self.cards), "vocab_digest": self.job_tables.vocab_digest}
         ckpt.save_checkpoint(self.cfg.checkpoint_path, self.step, self._state(), meta)
 
     # ---- the end ----------------------------------------------------------------------------------
     def evaluate(self) -> float:
-        """AUC of the final model on the held-out examples (``self.eval_source`` says which)."""
-        n = max(self.cfg.eval_examples // self.world, 1)
-        if self.eval_data is not None:
-            if hasattr(self.eval_data, "__len__"):
-                n = max(1, min(n, len(self.eval_data) // self.world))
-            batch = self.eval_data.batch(self.rank * n, n)
-            dense, kjt, labels = to_model_inputs(batch, self.cards, self.device)
-        else:
-            start = _EVAL_START if isinstance(self.data, (SyntheticClicks, DriftingClicks)) else 0
-            dense, kjt, labels = self._inputs(start + self.rank * n, n)
-        with torch.no_grad():
-            pooled = self.sparse(kjt).values()
-        scores = torch.sigmoid(self.dense.predict(dense, pooled))
-        return auc(self._gather(scores), self._gather(labels))
+        """AUC of the final model on the held-out rows (``self.eval_source`` says which): all of them,
+        batched, each rank its share, unless ``--eval-rows`` caps them; sets ``self.eval_rows``."""
+        from .evaluate import SYNTHETIC_EVAL_ROWS, evaluate, held_out_parts, text_parts
+
+        cap, r, w = self.cfg.eval_rows, self.rank, self.world
+        if self.eval_paths is not None:
+            parts = text_parts(self.eval_paths, r, w, cap, self.cfg.skip_bad_lines)
+        elif self.eval_data is not None:
+            parts = held_out_parts(self.eval_data, r, w, cap)
+        elif isinstance(self.data, (SyntheticClicks, DriftingClicks)):
+            parts = held_out_parts(self.data, r, w, cap or SYNTHETIC_EVAL_ROWS, offset=_EVAL_START)
+        else:   # no held-out set: the first rows of --data (trained on), one batch per rank
+            n = max((cap or SYNTHETIC_EVAL_ROWS) // w, 1)
+            parts = iter([self.data.batch(r * n, n)])
+        # a drifted log's batches carry extra ids per bag: it builds their model inputs itself
+        to_inputs = self.data.inputs_of if isinstance(self.data, DriftingClicks) else to_model_inputs
+        res = evaluate(self.sparse, self.dense, parts, self.cards, self.device, self.eval_vocab, to_inputs)
+        self.eval_rows, self.eval_oov_ids = res.rows, res.oov_ids
+        return res.auc
 
     def finish(self, seen0: int) -> Optional[dict]:
         if self.step > self.window_from:

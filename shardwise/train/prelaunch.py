@@ -49,12 +49,10 @@ def cores_warning(processes: int, cores: int) -> Optional[str]:
 
 
 def _tables(cfg: TrainConfig) -> list:
-    from .budget import table_sizes
-    from .data import default_cardinalities
     from .model import make_tables
+    from .sizes import job_tables
 
-    return make_tables(table_sizes(default_cardinalities(cfg.rows), cfg.num_embeddings_per_feature, cfg.max_rows),
-                       cfg.dim)
+    return make_tables(job_tables(cfg).sizes, cfg.dim)   # the sizes the job will use (flags or the data)
 
 
 def check_memory(cfg: TrainConfig, world: int, flag: str = "--memory-per-rank") -> None:

@@ -69,7 +69,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the tables' fused optimizer update through torch.compile: faster steps after a "
                         "compile at start-up (tens of seconds the first time, cached on disk after); pays off "
                         "in long runs")
-    p.add_argument("--rows", type=int, default=d.rows, help="rows of the largest table (default %(default)s)")
+    p.add_argument("--rows", type=int, default=None,
+                   help="rows of the largest table: the synthetic log's (default 100000), or raw-id logs' tables, "
+                        "ids folding by id %% rows (a categorified folder's manifest gives the sizes instead)")
     p.add_argument("--dim", type=int, default=d.dim, help="embedding dimension (default %(default)s)")
     p.add_argument("--memory-per-rank", dest="memory_per_rank_mb", type=_size_mb, default=None, metavar="SIZE",
                    help="embedding memory per rank (weights + optimizer state), e.g. 6GiB, that the plan, a resume "
@@ -83,6 +85,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-data", default=None, help="held-out Criteo-format file(s) or prepared folder scored at the end")
     p.add_argument("--skip-bad-lines", action="store_true",
                    help="skip malformed lines of --data (counted in metrics.json) instead of failing every rank")
+    p.add_argument("--eval-rows", type=int, default=None, metavar="N",
+                   help="score at most N held-out rows at the end (default: all of --eval-data or the held-out "
+                        "fraction, batched over every rank; 8192 of the synthetic log)")
     p.add_argument("--eval-fraction", type=float, default=None,
                    help="hold out the last fraction F of --data (never trained on) and score it at the end")
     p.add_argument("--threads", type=int, default=None,
@@ -114,7 +119,7 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        compile_update=ns.compile_update, rows=ns.rows, dim=ns.dim,
                        memory_per_rank_mb=_memory_mb(ns), threads=ns.threads,
                        num_embeddings_per_feature=ns.num_embeddings_per_feature, max_rows=ns.max_rows,
-                       eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout,
+                       eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, eval_rows=ns.eval_rows, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout,
                        sharding_types=ns.sharding_types, drift_at=ns.drift_at, drift_factor=ns.drift_factor,
                        drift_features=ns.drift_features)
 

@@ -104,7 +104,7 @@ def _demo_soak(rank, world, steps):
 
     # compile-mode dense (not the DDP default): the soak watches its traces and the DTensor caches too
     cfg = TrainConfig(steps=steps, batch_size=32, rows=1000, dim=8, checkpoint_every=0, reshard_at=0,
-                      eval_examples=256, quiet=True, out=tempfile.mkdtemp(prefix="soak-"), dense_parallel="compile")
+                      eval_rows=256, quiet=True, out=tempfile.mkdtemp(prefix="soak-"), dense_parallel="compile")
     trainer = Trainer(cfg, worker_mesh((world,)))
     rss, caches, blocks = [], {}, []
     real = ckpt.fault_point

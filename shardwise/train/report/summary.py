@@ -103,8 +103,10 @@ def build_metrics(tr, eval_auc: float, seen0: int) -> dict:
         "world_size": tr.world, "steps": tr.step, **counts, "elastic_restarts": counts["restarts"],
         "batch_size_per_rank": cfg.batch_size, "dense_parallel": cfg.dense_parallel,
         "data": cfg.data or f"synthetic(seed={cfg.seed})",
-        "eval_data": tr.eval_source, "bad_lines_skipped": getattr(tr, "bad_lines", 0),
+        "eval_data": tr.eval_source, "eval_rows": getattr(tr, "eval_rows", None),
+        "eval_oov_ids": getattr(tr, "eval_oov_ids", 0), "bad_lines_skipped": getattr(tr, "bad_lines", 0),
         "table_sizes": list(tr.cards),
+        "table_sizes_source": getattr(getattr(tr, "job_tables", None), "source", None),
         "memory_per_rank_bytes": tr.memory_bytes, "memory_per_rank_source": tr.memory_source,
         "loss": {"step": h["step"], "value": h["loss"],
                  "first": sum(h["loss"][:k]) / k, "last": sum(h["loss"][-k:]) / k},
@@ -326,8 +328,10 @@ def _print_summary(m: dict, folder: Path) -> None:
     t.add_column("value", justify="right")
     t.add_row("steps", str(m["steps"]))
     t.add_row("loss (first 10% -> last 10%)", f"{m['loss']['first']:.4f} -> {m['loss']['last']:.4f}")
-    t.add_row(f"eval AUC ({m.get('eval_data', 'held-out examples')})", _fmt(m["auc"]["eval"], ".4f"))
-    t.add_row("table sizes", f"{min(m['table_sizes'])}..{max(m['table_sizes'])} rows")
+    t.add_row(f"eval AUC ({m.get('eval_data', 'held-out examples')}; {m.get('eval_rows')} rows scored)",
+              _fmt(m["auc"]["eval"], ".4f"))
+    t.add_row("table sizes", f"{min(m['table_sizes'])}..{max(m['table_sizes'])} rows"
+              + (f" ({m['table_sizes_source']})" if m.get("table_sizes_source") else ""))
     t.add_row("memory budget per rank", f"{m['memory_per_rank_bytes'] / 2**20:,.0f} MiB "
               f"({m['memory_per_rank_source']})")
     t.add_row("examples/s (last segment)", _fmt(m["throughput"]["examples_per_s"], ",.0f"))

@@ -18,7 +18,7 @@ def _job(rank, world):
     from shardwise.train.config import TrainConfig
 
     cfg = TrainConfig(steps=12, batch_size=16, rows=200, dim=4, checkpoint_every=5, reshard_at=6,
-                      reshard_min_window=3, eval_examples=64, quiet=True, dense_parallel="ddp",
+                      reshard_min_window=3, eval_rows=64, quiet=True, dense_parallel="ddp",
                       out=tempfile.mkdtemp(prefix="steady-"))
     real = ckpt.save_checkpoint
 

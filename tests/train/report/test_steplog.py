@@ -90,7 +90,7 @@ def _job(rank, world, out):
     loop.Trainer._train_batch = record
     try:
         cfg = TrainConfig(steps=13, batch_size=16, rows=200, dim=4, checkpoint_every=3, reshard_at=0,
-                          eval_examples=64, quiet=True, log_every=5, out=out)
+                          eval_rows=64, quiet=True, log_every=5, out=out)
         trainer = loop.Trainer(cfg, worker_mesh((world,)))
         trainer.run()
     finally:
