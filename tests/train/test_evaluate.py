@@ -40,13 +40,13 @@ class _Dense:
 
 
 def _score_on_ranks(rank, world, sizes, fail_rank):
-    from shardwise.embedding import EmbeddingShardingPlanner, ShardingType, shard
+    from shardwise.embedding import GreedyShardingPlanner, ShardingType, shard
     from shardwise.train.evaluate import evaluate
     from shardwise.train.model import make_ebc, make_tables
 
     mesh = worker_mesh(world)
     tables = make_tables(CARDS, 4)
-    plan = EmbeddingShardingPlanner(world, 1 << 30, sharding_types=[ShardingType.ROW_WISE]).plan(tables)
+    plan = GreedyShardingPlanner(world, 1 << 30, sharding_types=[ShardingType.ROW_WISE]).plan(tables)
     sparse = shard(make_ebc(CARDS, 4, 5), plan, mesh=mesh)
     _, arch = _model()
 
