@@ -1,5 +1,5 @@
 """TorchRec-shaped methods of the sharded collections: the staged forward as awaitables, the stage
-lists TorchRec's tutorial prints, quantized comms, and a clear refusal of TorchScript.
+lists TorchRec's tutorial prints, ``embedding_bag_configs()``, quantized comms, and a clear refusal of TorchScript.
 
 TorchRec's ``ShardedEmbeddingBagCollection`` runs a forward in stages: ``input_dist(ctx, features)``
 gives an ``Awaitable`` whose ``wait()`` gives another (the ids' all-to-all in flight) whose ``wait()``
@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .awaitable import Awaitable, LazyNoWait
+from .collection.config import EmbeddingBagConfig
 from .qcomm import check_registry, codecs_digest
 from .sharding.comm import all_gather_ints
 
@@ -86,6 +87,23 @@ class TorchRecShardedAPI:
         """Collective: look ``dist_input`` up and send the pooled rows back (as ``forward_from``; run
         now, so every rank issues its collectives at this call); the result comes as a LazyAwaitable."""
         return LazyNoWait(self.forward_from(dist_input))
+
+    def embedding_bag_configs(self) -> list:
+        """The tables' ``EmbeddingBagConfig`` s in the unsharded collection's order, whatever the plan
+        (TorchRec's method; the unsharded ``EmbeddingBagCollection`` has it). A sharded
+        ``EmbeddingCollection`` has ``embedding_configs()`` instead and raises here, naming it.
+
+        Example:
+            >>> from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, row_wise, shard
+            >>> ebc = EmbeddingBagCollection([EmbeddingBagConfig(10, 4, "t", feature_names=["f"])])
+            >>> [c.name for c in shard(ebc, {"t": row_wise()}).embedding_bag_configs()]
+            ['t']
+        """
+        configs = list(self._tables)
+        if not all(isinstance(c, EmbeddingBagConfig) for c in configs):
+            raise AttributeError(f"{type(self).__name__} has no embedding_bag_configs(): its tables are "
+                                 f"EmbeddingConfigs (one row per id, no pooling); use embedding_configs()")
+        return configs
 
     @property
     def _input_dists(self) -> list:

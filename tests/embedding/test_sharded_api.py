@@ -82,3 +82,26 @@ def test_staged_awaitables_on_two_ranks():
         assert waited
         assert "TorchScript cannot script a sharded collection" in scripted, scripted
         assert "a sharded collection cannot be traced for TorchScript" in scripted, scripted
+
+
+def bag_configs_worker(rank, world):
+    from shardwise.embedding import EmbeddingCollection, EmbeddingConfig, reshard, row_wise, shard, table_wise
+
+    ebc = common.make_ebc(seed=6, device="meta")
+    sharded = shard(ebc, common.plans(world)["mixed"], mesh=mesh_for(world, 1), optimizer=common.SGD)
+    got = [sharded.embedding_bag_configs() == ebc.embedding_bag_configs()]
+    reshard(sharded, {c.name: table_wise(0) for c in ebc.embedding_bag_configs()})
+    got.append(sharded.embedding_bag_configs() == ebc.embedding_bag_configs())
+    ec = EmbeddingCollection([EmbeddingConfig(10, 4, "s", feature_names=["f"])])
+    try:
+        shard(ec, {"s": row_wise()}, mesh=mesh_for(world, 1)).embedding_bag_configs()
+    except AttributeError as exc:
+        return got, str(exc)
+    return got, None
+
+
+def test_embedding_bag_configs_of_a_sharded_collection_are_the_unsharded_ones():
+    for same, refusal in run_on_ranks(bag_configs_worker, 2):
+        assert same == [True, True]      # under a mixed plan and after a reshard, in the unsharded order
+        assert refusal and "ShardedEmbeddingCollection has no embedding_bag_configs()" in refusal
+        assert "use embedding_configs()" in refusal
