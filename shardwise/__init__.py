@@ -3,7 +3,8 @@
 The packages, each with its own facade: ``shardwise.tensor`` (DTensor), ``shardwise.parallel``
 (tensor-parallel styles), ``shardwise.sparse`` (KeyedJaggedTensor), ``shardwise.embedding`` (sharded
 embedding collections, planner, live reshard), ``shardwise.optim`` (TorchRec's keyed optimizers), ``shardwise.compile`` (compile-mode data parallel),
-``shardwise.data`` and ``shardwise.train`` (the ``shardwise train`` job); TorchRec's model and data
+``shardwise.data`` and ``shardwise.train`` (the ``shardwise train`` job), ``shardwise.serve`` (the trained
+model out: ``shardwise export`` / ``shardwise predict``); TorchRec's model and data
 zoo: ``shardwise.models`` (``models.dlrm``: DLRM, DLRM_DCN, DLRMTrain...), ``shardwise.modules``
 (MLP, LowRankCrossNet) and ``shardwise.datasets`` (RandomRecDataset, Batch).
 

@@ -3,8 +3,9 @@
 Example::
 
     shardwise train                         # 2 local processes, synthetic click log, report in ./shardwise-report
-    shardwise train --data day_0.tsv --steps 2000 --nproc-per-node 4
     shardwise data prepare day_0.tsv.gz --out prepared --categorify
+    shardwise train --data prepared --steps 2000 --nproc-per-node 4   # table sizes from its manifest
+    shardwise train --data day_0.tsv --rows 1000000                   # raw ids: the sizes must be given
     shardwise export shardwise-report --out exported     # the trained model, unsharded
     shardwise predict exported day_1.tsv.gz --out scores.txt
     shardwise plan --tables 8 --rows 1000000 --dim 64 --world 4

@@ -79,7 +79,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                         "or the machine's available memory / the ranks on its host -- minus headroom)")
     p.add_argument("--memory-per-rank-mb", dest="memory_per_rank_mb_alias", type=float, help=argparse.SUPPRESS)
     p.add_argument("--num-embeddings-per-feature", type=_int_list, default=None, metavar="N1,...,N26",
-                   help="the 26 table sizes (TorchRec's DLRM flag; wins over --rows)")
+                   help="the 26 table sizes (TorchRec's DLRM flag; wins over --rows); with a categorified --data "
+                        "folder, not needed and refused if it disagrees with the folder's manifest")
     p.add_argument("--max-rows", type=int, default=None,
                    help="cap every table at M rows; ids fold modulo the table size (DLRM's max index range)")
     p.add_argument("--eval-data", default=None, help="held-out Criteo-format file(s) or prepared folder scored at the end")
@@ -87,7 +88,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip malformed lines of --data (counted in metrics.json) instead of failing every rank")
     p.add_argument("--eval-rows", type=int, default=None, metavar="N",
                    help="score at most N held-out rows at the end (default: all of --eval-data or the held-out "
-                        "fraction, batched over every rank; 8192 of the synthetic log)")
+                        "fraction, batched over every rank; 8192 of the synthetic log, or of the first rows of --data "
+                        "when nothing is held out)")
     p.add_argument("--eval-fraction", type=float, default=None,
                    help="hold out the last fraction F of --data (never trained on) and score it at the end")
     p.add_argument("--threads", type=int, default=None,
@@ -95,7 +97,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cuda", "cpu"), default=None,
                    help="cuda (NCCL, one GPU per local process: cuda:LOCAL_RANK) or cpu (gloo); default: cuda when "
                         "this machine has at least as many GPUs as local processes, else cpu")
-    p.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
+    p.add_argument("--quiet", action="store_true", help="no plan table, progress bar or final summary (the report is still written)")
     p.add_argument("--sharding-types", type=_name_list, default=None, metavar="T1,T2",
                    help="sharding types the planner may choose among, e.g. table_wise to force an all-table-wise "
                         "plan (default: table_wise,row_wise,data_parallel)")
