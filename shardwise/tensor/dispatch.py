@@ -185,9 +185,11 @@ class OpDispatcher:
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):
         for i, j, steps, spec, coord in plan.redist:
             if j < 0:
-                local_args[i] = execute_plan(local_args[i], steps, spec.mesh, spec.shape, spec.placements, coord)
+                local_args[i] = execute_plan(local_args[i], steps, spec.mesh, spec.shape, spec.placements, coord,
+                                             stride=spec.stride)
             else:
-                local_args[i][j] = execute_plan(local_args[i][j], steps, spec.mesh, spec.shape, spec.placements, coord)
+                local_args[i][j] = execute_plan(local_args[i][j], steps, spec.mesh, spec.shape, spec.placements,
+                                                coord, stride=spec.stride)
         local = plan.local
         if local is not None:
             for i, v in local.arg_subs.items():
