@@ -19,15 +19,16 @@ from .collectives import CollectiveCounter, CollectiveTimeoutError
 from .dtensor import DTensor, fast_path, gather_fallback, propagation_cache
 from .distribute import distribute_module, distribute_tensor
 from .ops.embedding import EmbeddingIndexError, embedding_index_check
-from .placements import MaskPartial, Partial, Placement, Replicate, Shard
+from .placements import MaskPartial, NormPartial, Partial, Placement, Replicate, Shard
 from .redistribute import plan_redistribute
 from .spec import DTensorSpec
 
 # torch.load(weights_only=True) rebuilds only allow-listed classes: ours, as PyTorch lists its DTensor's
-torch.serialization.add_safe_globals([DTensor, DTensorSpec, DeviceMesh, Shard, Replicate, Partial, MaskPartial])
+torch.serialization.add_safe_globals([DTensor, DTensorSpec, DeviceMesh, Shard, Replicate, Partial, MaskPartial,
+                                      NormPartial])
 
 __all__ = [
     "DTensor", "DTensorSpec", "DeviceMesh", "init_device_mesh", "distribute_tensor", "distribute_module", "Placement", "Shard",
-    "Replicate", "Partial", "MaskPartial", "plan_redistribute", "CollectiveCounter", "CollectiveTimeoutError", "propagation_cache",
+    "Replicate", "Partial", "MaskPartial", "NormPartial", "plan_redistribute", "CollectiveCounter", "CollectiveTimeoutError", "propagation_cache",
     "gather_fallback", "fast_path", "EmbeddingIndexError", "embedding_index_check", "rank_checks",
 ]

@@ -86,7 +86,7 @@ def distribute_tensor(
             start, length = chunk_range(local.shape[p.dim], mesh_shape[mdim], coord[mdim])
             local = local.narrow(p.dim, start, length)
         elif isinstance(p, Partial):
-            local = to_partial(local, p.reduce_op, coord[mdim])
+            local = to_partial(local, p.collective_op, coord[mdim])
     local = local.contiguous() if src_data_rank is None else local.clone().contiguous()
     spec = DTensorSpec(device_mesh, placements, tensor.shape, _contiguous_stride(tensor.shape), tensor.dtype)
     return DTensor(local, spec, requires_grad=tensor.requires_grad)

@@ -134,9 +134,9 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, don
         i, s, d = st.mesh_dim, st.src, st.dst
         if isinstance(s, Partial):
             if type(d) is Replicate:
-                x = C.all_reduce(x, s.reduce_op, mesh, i, inplace=owned)
+                x = s.after_reduce(C.all_reduce(s.before_reduce(x), s.collective_op, mesh, i, inplace=owned))
             elif type(d) is Shard:
-                x = C.reduce_scatter_dim(x, s.reduce_op, d.dim, mesh, i, coord[i])
+                x = s.after_reduce(C.reduce_scatter_dim(s.before_reduce(x), s.collective_op, d.dim, mesh, i, coord[i]))
             else:
                 assert isinstance(s, MaskPartial) and d == Partial("sum"), f"bad step {st}"
         elif type(s) is Shard:
@@ -149,7 +149,7 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, don
             start, length = chunk_range(x.shape[d.dim], mesh_shape[i], coord[i])
             x = x.narrow(d.dim, start, length)
         else:
-            x = to_partial(x, d.reduce_op, coord[i])
+            x = to_partial(x, d.collective_op, coord[i])
         # an all-reduce or all-gather result is a fresh buffer; other steps may return views of x
         owned = owned or type(d) is Replicate and isinstance(s, (Partial, Shard))
         cur[i] = d

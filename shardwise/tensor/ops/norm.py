@@ -1,8 +1,21 @@
-"""Vector norms over sharded tensors (gradient clipping): local p-th power sums, one all-reduce.
+"""Vector norms over sharded tensors, and gradient clipping with one all-reduce for all gradients.
 
-A norm is not linear, so a sharded input cannot become a pending value. The local kernel computes
-sum(|x|^p) (max/min |x| for +-inf, the nonzero count for p=0) on its shard, reduces it over the mesh
-dims that shard the reduced dims, and takes the p-th root: the result is replicated.
+The norm of a tensor sharded along the reduced dims is the norm of its shards' norms, so each rank
+computes the norm of its shard and the result is a pending norm, ``NormPartial(p)`` (a pending sum for
+``p = 0``, a pending minimum for ``p = -inf``), with no collective, as in PyTorch's DTensor. Norms of
+pending norms of the same order stay pending, and ``stack``/``cat`` keep any pending value (a
+replicated input is taken as a pending one: exact, see ``redistribute.to_partial``). So
+``torch.nn.utils.clip_grad_norm_`` / ``get_total_norm`` (``_foreach_norm`` of the gradients, ``stack``,
+``vector_norm``) reduce once, where the clip coefficient is computed; only gradients that are pending
+sums (a replicated weight used on sharded activations) are all-reduced first, one each, as in PyTorch.
+
+>>> import torch
+>>> from shardwise.tensor import Shard, distribute_tensor, init_device_mesh
+>>> mesh = init_device_mesh("cpu", (1,))
+>>> g = distribute_tensor(torch.tensor([3.0, 4.0]), mesh, [Shard(0)])
+>>> n = torch.linalg.vector_norm(g)
+>>> n.placements, n.full_tensor().item()
+((NormPartial(norm_type=2.0),), 5.0)
 """
 
 from __future__ import annotations
@@ -12,44 +25,36 @@ import math
 import torch
 from torch.ops import aten
 
-from ..collectives import all_reduce
-from ..placements import Shard
+from ..placements import MaskPartial, NormPartial, Partial, Shard
 from ..propagation.propagator import Decision
 from ..propagation.registry import register_rule
 from ..propagation.schema import LocalPlan, Strategy
 from .common import R, normalize_dims
+from .view import cat_rule
 
 
 def _ord(value) -> float:
     return 2.0 if value is None else float(value)
 
 
-def _reduce_op(p: float) -> str:
-    return "max" if p == math.inf else "min" if p == -math.inf else "sum"
+def pending_norm(p: float):
+    """The placement of a norm of order ``p`` over a sharded dim (None: it does not decompose)."""
+    if p == 0:
+        return Partial("sum")  # nonzero counts add
+    if p == -math.inf:
+        return Partial("min")
+    return NormPartial(p) if p > 0 else None
 
 
-def _local_norm(x: torch.Tensor, p: float, dims, keepdim: bool, mesh, mesh_dims) -> torch.Tensor:
-    """Norm of a tensor sharded over ``mesh_dims`` along reduced dims (others already local)."""
-    if not mesh_dims:
-        return torch.linalg.vector_norm(x, p, dims, keepdim)
-    dims = list(range(x.ndim)) if dims is None else dims
-    acc_dtype = x.dtype if x.dtype.is_floating_point else torch.float32
-    ax = x.abs().to(acc_dtype)
-    if p in (math.inf, -math.inf):
-        if any(ax.shape[d] == 0 for d in dims):  # an empty shard: max/min's identity, in the reduced shape
-            shape = [1 if d in dims else s for d, s in enumerate(ax.shape)]
-            part = torch.full(shape, -math.inf if p > 0 else math.inf, dtype=acc_dtype, device=x.device)
-            part = part if keepdim else part.reshape([s for d, s in enumerate(ax.shape) if d not in dims])
-        else:
-            part = ax.amax(dims, keepdim) if p > 0 else ax.amin(dims, keepdim)
-    elif p == 0:
-        part = (ax != 0).to(acc_dtype).sum(dims, keepdim)
-    else:
-        part = ax.pow(p).sum(dims, keepdim)
-    for m in mesh_dims:
-        part = all_reduce(part, _reduce_op(p), mesh, m)
-    out = part if p in (0, math.inf, -math.inf) else part.pow(1.0 / p)
-    return out.to(x.dtype) if x.dtype.is_floating_point else out
+def _part(x: torch.Tensor, p: float, dims, keepdim: bool) -> torch.Tensor:
+    """This rank's part of a pending norm: the norm of its shard (an empty shard: the identity)."""
+    if p in (math.inf, -math.inf) and any(x.shape[d] == 0 for d in dims):
+        shape = [1 if d in dims else s for d, s in enumerate(x.shape)]
+        acc = x.dtype if x.dtype.is_floating_point or x.dtype.is_complex else torch.float32
+        part = torch.full(shape, 0.0 if p > 0 else math.inf, dtype=torch.empty(0, dtype=acc).abs().dtype,
+                          device=x.device)
+        return part if keepdim else part.reshape([s for d, s in enumerate(x.shape) if d not in dims])
+    return torch.linalg.vector_norm(x, p, list(dims), keepdim)
 
 
 def _args(schema):
@@ -63,11 +68,17 @@ def _args(schema):
 def norm_rule(schema, mesh_size):
     x, p, dims, keep = _args(schema)
     st = [Strategy((R,), (R,))]
-    if p < 0 and p != -math.inf:
-        return st  # negative orders do not decompose into per-shard sums
+    pending = pending_norm(p)
+    if pending is None:
+        return st  # negative orders: on the whole tensor
+    if isinstance(pending, NormPartial):
+        st.append(Strategy((pending,), (pending,)))  # a norm of pending norms of the same order
+    # a pending input reduce-scattered to give a pending sum/minimum again costs one more collective later
+    shard_reduced = isinstance(pending, NormPartial) or not any(isinstance(q, Partial) for q in x.placements or ())
     for d in range(x.ndim):
         if d in dims:
-            st.append(Strategy((R,), (Shard(d),)))  # reduced by the local kernel
+            if shard_reduced:
+                st.append(Strategy((pending,), (Shard(d),)))
         else:
             st.append(Strategy((Shard(d if keep else d - sum(1 for r in dims if r < d)),), (Shard(d),)))
     return st
@@ -75,35 +86,67 @@ def norm_rule(schema, mesh_size):
 
 def _norm_local(schema, decision, out_specs, mesh, coord):
     x, p, dims, keep = _args(schema)
-    pl = decision.inputs[0] or x.placements
-    mesh_dims = [m for m, q in enumerate(pl) if type(q) is Shard and q.dim in dims]
-    if not mesh_dims:
+    if p not in (math.inf, -math.inf):
         return None
-    return LocalPlan(kernel=lambda op, args, kwargs: _local_norm(args[0], p, list(dims), keep, mesh, mesh_dims))
+    return LocalPlan(kernel=lambda op, args, kwargs: _part(args[0], p, dims, keep))
 
 
 register_rule(aten.linalg_vector_norm.default, local=_norm_local)(norm_rule)
 
 
 def foreach_norm_rule(schema, mesh_shape) -> Decision:
-    # pending values are reduced first; shards stay and are summed inside the kernel
-    inputs = []
+    """Per tensor and mesh dim: a shard's norm is pending, a pending norm of the order stays so, other
+    pending values are reduced first (one all-reduce each)."""
+    p = _ord(schema.arg(1, "ord", 2))
+    pending = pending_norm(p)
+    inputs, outputs = [], []
     for ta in schema.tensor_args:
         pl = ta.placements or tuple(R for _ in mesh_shape)
-        target = tuple(R if not isinstance(q, Shard) else q for q in pl)
-        inputs.append(None if target == ta.placements else target)
-    return Decision(inputs, [tuple(R for _ in mesh_shape) for _ in schema.outputs])
+        need, out = [], []
+        for q in pl:
+            if type(q) is Shard and pending is not None:
+                need.append(q)
+                out.append(pending)
+            elif isinstance(pending, NormPartial) and q == pending:
+                need.append(q)
+                out.append(q)
+            else:
+                need.append(R)
+                out.append(R)
+        need = tuple(need)
+        inputs.append(None if need == ta.placements else need)
+        outputs.append(tuple(out))
+    return Decision(inputs, outputs)
 
 
 def _foreach_norm_local(schema, decision, out_specs, mesh, coord):
     p = _ord(schema.arg(1, "ord", 2))
-    placements = [decision.inputs[i] or ta.placements for i, ta in enumerate(schema.tensor_args)]
-    mesh_dims = [[m for m, q in enumerate(pl) if type(q) is Shard] for pl in placements]
+    if p not in (math.inf, -math.inf):
+        return None
 
     def kernel(op, args, kwargs):
-        return [_local_norm(t, p, None, False, mesh, md) for t, md in zip(args[0], mesh_dims)]
+        return [_part(t, p, range(t.ndim), False) for t in args[0]]
 
     return LocalPlan(kernel=kernel)
 
 
 register_rule(aten._foreach_norm.Scalar, local=_foreach_norm_local, whole_mesh=True)(foreach_norm_rule)
+
+
+def concat_rule(schema, mesh_size):
+    """``cat``/``stack`` (view.py's rule) and, where an input is a pending value, that pending value for
+    all of them: the concatenation of parts is the parts of the concatenation (stacking per-gradient
+    norms keeps them pending)."""
+    st = cat_rule(schema, mesh_size)
+    seen = {st_out for s in st for st_out in s.outputs}
+    n = len(schema.tensor_args)
+    for ta in schema.tensor_args:
+        for q in ta.placements or ():
+            if isinstance(q, Partial) and not isinstance(q, MaskPartial) and q not in seen:
+                seen.add(q)
+                st.append(Strategy((q,), (q,) * n))
+    return st
+
+
+# replaces view.py's registration (imported above, so it ran first) with the extended rule
+register_rule(aten.cat.default, aten.stack.default)(concat_rule)

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..placements import MaskPartial, Placement, Replicate, Shard
+from ..placements import MaskPartial, NormPartial, Placement, Replicate, Shard
 from ..propagation.propagator import op_mutates_first_arg
 
 __all__ = ["leaves_of", "rebuild", "partial_pieces", "distribute", "coords", "flatten", "call", "tolerance",
@@ -115,6 +115,8 @@ def _split(full: torch.Tensor, p: Placement, n: int, gen) -> list:
         return [full.clone() for _ in range(n)]
     if type(p) is Shard:
         return _shard(full, p.dim, n)
+    if isinstance(p, NormPartial):  # pending p-norms: the placement knows the parts ops make
+        return p.split(full, n, gen)
     return partial_pieces(full, p.reduce_op, n, gen)
 
 
@@ -194,6 +196,8 @@ def _combine(pieces: list, p: Placement, n: int, tol, undefined: bool, where: st
                 raise Mismatch(f"replicated output differs between {where}0 and {where}{r}", _max_err(t, pieces[0]))
         return pieces[0]
     stacked, dt = torch.stack(pieces), pieces[0].dtype
+    if isinstance(p, NormPartial):  # pending p-norms: the placement knows its reduction
+        return p.combine(stacked).to(dt)
     op = "sum" if isinstance(p, MaskPartial) else p.reduce_op
     if op in ("max", "min"):
         return stacked.amax(0) if op == "max" else stacked.amin(0)
