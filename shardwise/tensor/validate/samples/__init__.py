@@ -12,7 +12,7 @@ samples.
 """
 
 # importing a family registers its builders
-from . import attention, embedding, foreach, fused_optim, matmul, nn, norm, pointwise, random, reduction, view  # noqa: F401
+from . import attention, complex, embedding, foreach, fused_optim, matmul, nn, norm, pointwise, random, reduction, view  # noqa: F401
 from .base import Plain, S, Sample, sample_inputs
 
 __all__ = ["Sample", "Plain", "S", "sample_inputs"]
