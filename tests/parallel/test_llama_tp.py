@@ -17,6 +17,12 @@ from .llama_tp_model import Config, Llama, Styles, batch, parallelize
 # Parametrization points switched on when the pieces land (issue 28): loss_parallel (h-28b) computes
 # the loss on Shard(-1) logits without gathering them; False: the logits are gathered (Replicate).
 LOSS_PARALLEL = False
+# clip_grad_norm_'s foreach path (_foreach_norm: one pending norm per placement group, reduced once).
+# None (torch's default, and torchtitan's) picks the foreach path only for types in torch's
+# _foreach_supported_types, which lists PyTorch's DTensor but not ours, so ours takes the per-tensor
+# linalg_vector_norm path; on this branch reduction.py's vector_norm rule (h-28a) replaces norm.py's
+# pending-norm rule (h-28b) and that path gathers every sharded gradient (15 all-gathers a step).
+CLIP_FOREACH = True
 STEPS = 3
 
 
@@ -38,7 +44,7 @@ def _step(model, opt, tokens, labels):
     logits = model(tokens)
     loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=CLIP_FOREACH)
     opt.step()
     opt.zero_grad()
     return loss.item() if not hasattr(loss, "full_tensor") else loss.full_tensor().item()
@@ -91,12 +97,12 @@ def step_collectives(rank, world, lib_name, attention):
     model.init_weights(0)
     parallelize(model, lib, mesh, attention, LOSS_PARALLEL)
     opt = _adamw(model, True)
-    _step(model, opt, tokens, labels)  # warm-up: optimizer state, plan caches
     counter = CollectiveCounter() if lib_name == "shardwise" else CommDebugMode()
     try:
+        _step(model, opt, tokens, labels)  # warm-up: optimizer state, plan caches
         with counter:
             _step(model, opt, tokens, labels)
-    except Exception as e:  # PyTorch's DTensor on the head-sharded variant
+    except NotImplementedError as e:  # PyTorch's DTensor on the head-sharded variant
         return f"{type(e).__name__}: {str(e).splitlines()[0]}"
     if lib_name == "shardwise":
         return dict(counter.counts)
