@@ -107,7 +107,7 @@ class Llama(nn.Module):
             self.freqs_cis.copy_(rotary_freqs(self.cfg.dim // self.cfg.n_heads, self.cfg.seq))
         torch.manual_seed(seed)
         std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
-        nn.init.normal_(self.tok_embeddings.weight)
+        nn.init.normal_(self.tok_embeddings.weight, std=self.cfg.dim ** -0.5)  # tied: it scales the logits too
         for layer in self.layers:
             for norm in (layer.attention_norm, layer.ffn_norm):
                 nn.init.uniform_(norm.weight, 0.5, 1.5)  # away from 1, so their gradients matter
