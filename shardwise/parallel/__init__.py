@@ -19,11 +19,13 @@ True
 from shardwise.tensor.ops.embedding import EmbeddingIndexError, embedding_index_check
 
 from .api import parallelize_module
+from .input_reshard import input_reshard
+from .loss import loss_parallel
 from .prepare import PrepareModuleInput, PrepareModuleInputOutput, PrepareModuleOutput
 from .style import ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel
 
 __all__ = [
     "parallelize_module", "ParallelStyle", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
     "PrepareModuleInput", "PrepareModuleOutput", "PrepareModuleInputOutput",
-    "EmbeddingIndexError", "embedding_index_check",
+    "EmbeddingIndexError", "embedding_index_check", "loss_parallel", "input_reshard",
 ]

@@ -19,6 +19,7 @@ from .dispatch import GATHER_FALLBACK, OpDispatcher
 from .donation import donatable
 from .fastpath import _SLOW, FAST_PATH, FastPath, make_entry
 from .full import full_local
+from .function_hooks import HOOKS as _HOOKS
 from .full import grad_placements as _grad_placements
 from .checks.layout import check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
@@ -108,6 +109,12 @@ class DTensor(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if _HOOKS.open:  # a with block (loss_parallel) takes over some functions; see function_hooks.py
+            hook = _HOOKS.lookup(func)
+            if hook is not None:
+                out = hook(func, args, kwargs or {})
+                if out is not NotImplemented:
+                    return out
         # the hottest cases inline (calls whose first argument is a DTensor); see fastpath.py
         a = args[0] if args else None
         if type(a) is cls:

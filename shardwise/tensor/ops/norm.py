@@ -30,6 +30,9 @@ from ..propagation.propagator import Decision
 from ..propagation.registry import register_rule
 from ..propagation.schema import LocalPlan, Strategy
 from .common import R, normalize_dims
+# both imported first, so the registrations below replace theirs whatever order ops/__init__ imports in:
+# reduction's generic entry for vector norms (replicated) and view's cat/stack rule (extended here)
+from . import reduction as _reduction  # noqa: F401
 from .view import cat_rule
 
 
