@@ -6,6 +6,8 @@ as torchtitan's Qwen3 plan), which PyTorch's DTensor cannot run on CPU (no SDPA 
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -14,15 +16,11 @@ from shardwise.testing import run_on_ranks, worker_mesh
 
 from .llama_tp_model import Config, Llama, Styles, batch, parallelize
 
-# Parametrization points switched on when the pieces land (issue 28): loss_parallel (h-28b) computes
-# the loss on Shard(-1) logits without gathering them; False: the logits are gathered (Replicate).
-LOSS_PARALLEL = False
-# clip_grad_norm_'s foreach path (_foreach_norm: one pending norm per placement group, reduced once).
-# None (torch's default, and torchtitan's) picks the foreach path only for types in torch's
-# _foreach_supported_types, which lists PyTorch's DTensor but not ours, so ours takes the per-tensor
-# linalg_vector_norm path; on this branch reduction.py's vector_norm rule (h-28a) replaces norm.py's
-# pending-norm rule (h-28b) and that path gathers every sharded gradient (15 all-gathers a step).
-CLIP_FOREACH = True
+# Switches for the two pieces from h-28b, both on: loss_parallel (the loss computed on Shard(-1) logits
+# without gathering them, torchtitan's default), and clip_grad_norm_'s default path (foreach=None, as
+# torchtitan calls it: ours takes the per-tensor vector norms, whose pending norms reduce once).
+LOSS_PARALLEL = True
+CLIP_FOREACH = None
 STEPS = 3
 
 
@@ -40,11 +38,23 @@ def _build(lib, cfg, mesh, attention, meta_init):
     return model
 
 
-def _step(model, opt, tokens, labels):
+def _loss_parallel(logits):
+    """The library's loss_parallel() for class-sharded DTensor logits, else nothing."""
+    if not LOSS_PARALLEL or not hasattr(logits, "placements"):
+        return contextlib.nullcontext()
+    if type(logits).__module__.startswith("shardwise"):
+        from shardwise.parallel import loss_parallel
+    else:
+        from torch.distributed.tensor.parallel import loss_parallel
+    return loss_parallel()
+
+
+def _step(model, opt, tokens, labels, clip_foreach=CLIP_FOREACH):
     logits = model(tokens)
-    loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=CLIP_FOREACH)
+    with _loss_parallel(logits):  # backward inside the block, as PyTorch asks
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten())
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=clip_foreach)
     opt.step()
     opt.zero_grad()
     return loss.item() if not hasattr(loss, "full_tensor") else loss.full_tensor().item()
@@ -98,10 +108,13 @@ def step_collectives(rank, world, lib_name, attention):
     parallelize(model, lib, mesh, attention, LOSS_PARALLEL)
     opt = _adamw(model, True)
     counter = CollectiveCounter() if lib_name == "shardwise" else CommDebugMode()
+    # foreach clipping: the path PyTorch's DTensor takes by default (it is in torch's foreach types).
+    # Ours by default takes the per-tensor path: as many collectives (6), but the 5 pending norm-weight
+    # gradients' norms reduce-scatter where PyTorch's all-reduce
     try:
-        _step(model, opt, tokens, labels)  # warm-up: optimizer state, plan caches
+        _step(model, opt, tokens, labels, clip_foreach=True)  # warm-up: optimizer state, plan caches
         with counter:
-            _step(model, opt, tokens, labels)
+            _step(model, opt, tokens, labels, clip_foreach=True)
     except NotImplementedError as e:  # PyTorch's DTensor on the head-sharded variant
         return f"{type(e).__name__}: {str(e).splitlines()[0]}"
     if lib_name == "shardwise":
