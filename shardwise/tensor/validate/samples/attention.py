@@ -1,8 +1,9 @@
 """Validator samples for ``ops/attention.py``: the CPU flash-attention kernel and its backward.
 
 Head counts (5) and batch sizes (3) split unevenly over meshes of 2..4; query and key lengths differ
-(cross attention); additive masks of every broadcast form: ``(L, S)``, ``(B, 1, L, S)`` and ``(B, H, L, S)``
-(F.scaled_dot_product_attention turns a bool mask into such a float one); grouped-query attention with 4 query heads on 2 k/v heads. The CUDA kernels have no CPU
+(cross attention); additive masks of every broadcast form: ``(L, S)``, ``(B, 1, L, S)`` and
+``(B, H, L, S)`` (F.scaled_dot_product_attention turns a bool mask into such a float one);
+grouped-query attention with 4 query heads on 2 k/v heads. The CUDA kernels have no CPU
 implementation, so they have no samples here (tests/tensor/ops/test_attention.py checks them on GPUs).
 """
 
