@@ -37,7 +37,7 @@ _COPY_LIKE = [aten.clone, aten.detach, aten.alias, aten._to_copy, aten.contiguou
 # compare lists to a bool, copy.Dict_Tensor copies a dict
 _ADDITIVE = [aten.add, aten.sub, aten.add_, aten.sub_, aten.copy_, aten.copy.default]
 _SCALING = [aten.mul, aten.mul_, aten.div, aten.div_, aten.true_divide]
-_FACTORY_LIKE = [aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.zero_]
+_FACTORY_LIKE = [aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.zero_, aten.fill]
 
 
 def _is_tensor(x) -> bool:
@@ -94,8 +94,9 @@ def factory_like_rule(schema, mesh_size):
     # (zero_ keeps a partial: zeros sum to zero)
     strategies = pointwise_strategies(schema)
     keep = schema.op.overloadpacket is aten.zero_
+    rest = (R,) * (len(schema.tensor_args) - 1)  # fill.Tensor's value
     for p in ALL_PARTIALS:
-        strategies.append(Strategy((p if keep else R,), (p,)))
+        strategies.append(Strategy((p if keep else R,), (p,) + rest))
     return strategies
 
 
@@ -168,7 +169,7 @@ register_rule(aten.equal.default, local=_equal_local)(equal_rule)
 _UNTAGGED = [
     aten.hardswish, aten.hardswish_, aten.hardswish_backward, aten.elu_backward, aten.softplus_backward,
     aten.mish_backward, aten.hardsigmoid_backward, aten.hardshrink_backward, aten.softshrink_backward,
-    aten.isin, aten.polar, aten.complex,
+    aten.isin, aten.polar, aten.complex, aten.floor_divide, aten.floor_divide_,
 ]
 # tagged pointwise, but each element draws random numbers: a shard would draw other values
 _NOT_ELEMENTWISE = {"rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_", "native_dropout_backward"}
@@ -186,8 +187,10 @@ def tagged_pointwise_ops() -> list:
         ov = getattr(packet, overload or "default", None) if packet is not None else None
         if ov is None or name in _NOT_ELEMENTWISE or torch.Tag.pointwise not in ov.tags:
             continue
-        if ov not in RULES and not is_out_variant(ov) and any("Tensor" in str(a.type) for a in ov._schema.arguments):
-            found.append(ov)
+        if ov in RULES or is_out_variant(ov) or not any("Tensor" in str(a.type) for a in ov._schema.arguments):
+            continue
+        if not ov.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+            found.append(ov)  # a composite op decomposes before a DTensor sees it
     return found
 
 

@@ -160,7 +160,7 @@ def from_schema(op, m: _Maker, shapes) -> Optional[Sample]:
             if not k:
                 return None
             op(*[x.clone() if isinstance(x, torch.Tensor) else x for x in args])
-        except (TypeError, RuntimeError, NotImplementedError, ValueError):
+        except (TypeError, RuntimeError, NotImplementedError, ValueError, IndexError):
             continue
         return Sample(tuple(args))
     return None
