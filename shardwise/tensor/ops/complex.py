@@ -24,8 +24,9 @@ from .common import PSUM, R
 @register_rule(aten.view_as_complex.default, aten.view_as_real.default)
 def complex_view_rule(schema, mesh_size):
     x = schema.tensor_args[0]
-    # view_as_complex drops the trailing pair, view_as_real adds it: the dims before it map one to one
-    shared = x.ndim - 1 if schema.op is aten.view_as_complex.default else x.ndim
+    # view_as_complex drops the trailing pair, view_as_real adds it (their *_copy forms alike): the dims
+    # before it map one to one
+    shared = min(x.ndim, schema.outputs[0].ndim)
     st = [Strategy((R,), (R,))]
     st += [Strategy((Shard(d),), (Shard(d),)) for d in range(shared)]
     st.append(Strategy((PSUM,), (PSUM,)))  # not avg: pending averages of complex values do not reduce on CPU
@@ -36,7 +37,8 @@ def _materialize(schema, decision, out_specs, mesh, coord):
     # Inside __torch_dispatch__ a local tensor's conjugate/negative bit is not honoured by the ops that
     # read it (they see the raw values), so the lazy view becomes a real copy on the local tensor; the
     # DTensor's values are the same, only the aliasing of the lazy view is lost
-    physical = aten.conj_physical.default if schema.op is aten._conj.default else aten.neg.default
+    conj = schema.op in (aten._conj.default, aten._conj_copy.default)
+    physical = aten.conj_physical.default if conj else aten.neg.default
     return LocalPlan(kernel=lambda op, args, kwargs: physical(args[0]))
 
 
