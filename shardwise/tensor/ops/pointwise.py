@@ -126,7 +126,7 @@ def _out_rule(schema, mesh_shape) -> Decision:
 
 def _out_local(schema, decision, out_specs, mesh, coord) -> LocalPlan:
     def kernel(op, args, kwargs):
-        out = kwargs["out"]  # the dispatcher passes keyword tensors as they came: a DTensor's piece is inside
+        out = kwargs["out"]  # the dispatcher passes a DTensor keyword as its local piece
         return op(*args, **{**kwargs, "out": getattr(out, "_local_tensor", out)})
 
     return LocalPlan(kernel=kernel)
