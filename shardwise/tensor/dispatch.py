@@ -194,14 +194,19 @@ class OpDispatcher:
                 local_args[i][j] = execute_plan(local_args[i][j], steps, spec.mesh, spec.shape, spec.placements,
                                                 coord, stride=spec.stride)
         local = plan.local
+        call_kwargs = kwargs
+        if kwargs and any(type(v) is self.cls for v in kwargs.values()):
+            # a tensor keyword (linalg_pinv's rtol) is never redistributed (its rule keeps it as it is):
+            # the local op gets its piece; an out= DTensor is still returned as given
+            call_kwargs = {k: v._local_tensor if type(v) is self.cls else v for k, v in kwargs.items()}
         if local is not None:
             for i, v in local.arg_subs.items():
                 local_args[i] = v
             if local.kwarg_subs:
-                kwargs = {**kwargs, **local.kwarg_subs}
-            out = local.kernel(op, local_args, kwargs) if local.kernel else op(*local_args, **kwargs)
+                call_kwargs = {**call_kwargs, **local.kwarg_subs}
+            out = local.kernel(op, local_args, call_kwargs) if local.kernel else op(*local_args, **call_kwargs)
         else:
-            out = op(*local_args, **kwargs)
+            out = op(*local_args, **call_kwargs)
         kind = plan.out_kind
         cls = self.cls
         if kind == "tensor":

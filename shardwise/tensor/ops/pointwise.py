@@ -126,7 +126,7 @@ def _out_rule(schema, mesh_shape) -> Decision:
 
 def _out_local(schema, decision, out_specs, mesh, coord) -> LocalPlan:
     def kernel(op, args, kwargs):
-        out = kwargs["out"]  # the dispatcher passes keyword tensors as they came: a DTensor's piece is inside
+        out = kwargs["out"]  # the dispatcher passes a DTensor keyword as its local piece
         return op(*args, **{**kwargs, "out": getattr(out, "_local_tensor", out)})
 
     return LocalPlan(kernel=kernel)
@@ -169,7 +169,7 @@ register_rule(aten.equal.default, local=_equal_local)(equal_rule)
 _UNTAGGED = [
     aten.hardswish, aten.hardswish_, aten.hardswish_backward, aten.elu_backward, aten.softplus_backward,
     aten.mish_backward, aten.hardsigmoid_backward, aten.hardshrink_backward, aten.softshrink_backward,
-    aten.isin, aten.polar, aten.complex, aten.floor_divide, aten.floor_divide_,
+    aten.isin, aten.polar, aten.complex, aten.floor_divide, aten.floor_divide_, aten.mish_, aten.gelu_,
 ]
 # tagged pointwise, but each element draws random numbers: a shard would draw other values
 _NOT_ELEMENTWISE = {"rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_", "native_dropout_backward"}

@@ -29,7 +29,7 @@ __all__ = ["REDUCTIONS", "SCANS", "ORDERING"]
 REDUCTIONS = {
     aten.sum: "sum", aten.nansum: "sum", aten.mean: "avg", aten.amax: "max", aten.amin: "min",
     aten.max: "max", aten.min: "min", aten.prod: "product", aten.any: "max", aten.all: "min",
-    aten.count_nonzero: "sum",
+    aten.count_nonzero: "sum", aten._is_any_true: "max", aten._is_all_true: "min",
     aten.argmax: None, aten.argmin: None, aten.var: None, aten.std: None, aten.var_mean: None,
     aten.std_mean: None, aten.logsumexp: None, aten.linalg_vector_norm: None, aten.norm: None,
     aten.aminmax: None, aten.median: None, aten.nanmedian: None, aten.mode: None, aten.kthvalue: None,
@@ -44,7 +44,8 @@ ORDERING = [aten.sort, aten.argsort, aten.topk]
 _PASS = {
     aten.sum: ("sum", "avg"), aten.mean: ("sum", "avg"), aten.cumsum: ("sum", "avg"),
     aten.amax: ("max",), aten.max: ("max",), aten.amin: ("min",), aten.min: ("min",),
-    aten.prod: ("product",), aten.any: ("max",), aten.all: ("min",), aten.cumsum_: ("sum", "avg"),
+    aten.prod: ("product",), aten.any: ("max",), aten.all: ("min",), aten._is_any_true: ("max",),
+    aten._is_all_true: ("min",), aten.cumsum_: ("sum", "avg"),
 }
 
 
@@ -68,13 +69,13 @@ def _reduced_dims(schema):
     dims = named_arg(schema, "dim", None) if has_arg(schema.op, "dim") else None
     if schema.op in (aten.sum.dim_IntList, aten.mean.dim) and dims == []:
         dims = None  # legacy: an empty list reduces every dim
-    if isinstance(dims, (list, tuple)) and len(dims) == 0:
-        reduced = set()  # count_nonzero(dim=[]) and friends reduce nothing
-    else:
-        reduced = set(normalize_dims(dims, x.ndim)) if x.ndim else set()
+    reduced = set(normalize_dims(dims, x.ndim)) if x.ndim else set()  # an empty list: every dim
     keep = bool(named_arg(schema, "keepdim", False))
-    expect = x.ndim if keep else x.ndim - len(reduced)
-    return reduced if out is not None and out.ndim == expect else None
+    if out is not None and out.ndim == (x.ndim if keep else x.ndim - len(reduced)):
+        return reduced
+    if isinstance(dims, (list, tuple)) and not dims and out is not None and out.ndim == x.ndim:
+        return set()  # an op for which an empty list reduces nothing
+    return None
 
 
 def _keeps_dims(schema) -> bool:

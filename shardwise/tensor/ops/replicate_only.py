@@ -10,6 +10,7 @@ import torch
 from torch.ops import aten
 
 from ..propagation.registry import RULES, is_out_variant, register_rule
+from ..propagation.schema import LocalPlan
 from .common import replicate_strategy
 from .indexing import REPLICATED as _INDEXING
 
@@ -25,14 +26,16 @@ LISTED = [
     aten._prelu_kernel, aten._prelu_kernel_backward, aten.log_sigmoid_forward, aten.log_sigmoid_backward,
     aten.multi_margin_loss, aten.multilabel_margin_loss_forward, aten.im2col, aten.col2im,
     aten.grid_sampler_2d, aten.grid_sampler_3d, aten.segment_reduce, aten.allclose, aten.linspace,
-    aten.logspace, aten._conj, aten.as_strided, aten.as_strided_copy, aten.as_strided_scatter, aten.resize_,
+    aten.logspace, aten.as_strided, aten.as_strided_copy, aten.as_strided_scatter, aten.resize_,
     aten.resize_as_, aten.diagonal_scatter, aten.select_scatter, aten.slice_scatter, aten.nonzero_static,
     aten.hash_tensor, aten.kron, aten.cross, aten.logdet, aten.matrix_exp, aten.inverse, aten.pinverse,
     aten.det, aten.slogdet, aten.svd, aten.qr, aten.cov, aten.corrcoef, aten.trapezoid, aten.cumulative_trapezoid,
     aten.view_as_complex, aten.view_as_real, aten.multilabel_margin_loss_backward,
     aten.multi_margin_loss_backward, aten.upsample_nearest1d_backward, aten.upsample_nearest2d_backward,
     aten.upsample_bilinear2d_backward, aten.upsample_linear1d_backward, aten.upsample_bicubic2d_backward,
-    aten.upsample_trilinear3d_backward, aten.grid_sampler_2d_backward, aten.grid_sampler_3d_backward,
+    aten.upsample_trilinear3d_backward, aten._upsample_nearest_exact1d_backward,
+    aten._upsample_nearest_exact2d_backward, aten._upsample_nearest_exact3d_backward,
+    aten._upsample_bilinear2d_aa_backward, aten._upsample_bicubic2d_aa_backward, aten.grid_sampler_2d_backward, aten.grid_sampler_3d_backward,
 ] + _INDEXING
 
 
@@ -65,3 +68,12 @@ def replicate_only_rule(schema, mesh_size):
 
 
 register_rule(*replicate_only_ops())(replicate_only_rule)
+
+
+def _conj_local(schema, decision, out_specs, mesh, coord):
+    # the conjugate bit would sit on the local tensor only (a DTensor's wrapper does not carry it), and
+    # ops that refuse conjugated views (view_as_real) would see it: the conjugate is materialised
+    return LocalPlan(kernel=lambda op, args, kwargs: aten.conj_physical(args[0]))
+
+
+register_rule(aten._conj.default, local=_conj_local)(replicate_only_rule)

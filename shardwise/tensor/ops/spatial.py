@@ -119,11 +119,16 @@ def batch_norm_rule(schema, mesh_size):
 
 
 def _group_norm_local(n_arg: int):
-    # the batch size is an argument: a batch-sharded call passes its own
+    # the batch size is an argument: a batch-sharded call passes its own. The CPU backward kernel
+    # returns NaN for a stride-0 gradient (the expanded ones of a .sum()): it gets a contiguous one
+    def kernel(op, args, kwargs):
+        return op(args[0].contiguous(), *args[1:], **kwargs)
+
     def local(schema, decision, out_specs, mesh, coord):
+        backward = schema.op is aten.native_group_norm_backward.default
         if all(type(p) is not Shard for p in out_specs[0].placements):
-            return None
-        return LocalPlan(arg_subs={n_arg: out_specs[0].local_shape(coord)[0]})
+            return LocalPlan(kernel=kernel) if backward else None
+        return LocalPlan(arg_subs={n_arg: out_specs[0].local_shape(coord)[0]}, kernel=kernel if backward else None)
 
     return local
 

@@ -90,6 +90,17 @@ def diag_rule(schema, mesh_size):
     return dims_rule(schema, {}, LINEAR_PARTIALS)
 
 
+@register_rule(aten.rot90.default)
+def rot90_rule(schema, mesh_size):
+    # the two rotated dims trade places; the others stay where they are
+    return dims_rule(schema, _identity_except(schema.tensor_args[0].ndim, _dims(schema, "dims", (0, 1))))
+
+
+@register_rule(aten.narrow_copy.default)
+def narrow_rule(schema, mesh_size):
+    return dims_rule(schema, _identity_except(schema.tensor_args[0].ndim, _dims(schema, "dim")))
+
+
 @register_rule(aten.unfold.default)
 def unfold_rule(schema, mesh_size):
     x = schema.tensor_args[0]

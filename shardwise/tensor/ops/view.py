@@ -171,7 +171,8 @@ def slice_rule(schema, mesh_size):
     return _mapped(x, {d: d for d in range(x.ndim) if d != dim})
 
 
-@register_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+@register_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.unsafe_split.Tensor,
+               aten.unsafe_split_with_sizes.default)
 def split_rule(schema, mesh_size):
     x = schema.tensor_args[0]
     unbind = base_name(schema.op) == "unbind"

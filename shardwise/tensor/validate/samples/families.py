@@ -310,3 +310,19 @@ def _space(op, m):
 @_on(aten._embedding_bag_forward_only.default)
 def _bag(op, m):
     return [S(m.f(10, 5), torch.tensor([1, 2, 4, 5, 4]), torch.tensor([0, 2]))]
+
+
+@_on(aten.unsafe_split_with_sizes.default)
+def _unsafe_split_sizes(op, m):
+    return [S(m.f(5, 3), [2, 3]), S(m.f(5, 3), [1, 2], 1)]
+
+
+@_on(aten._upsample_nearest_exact2d_backward.default, aten._upsample_bicubic2d_aa_backward.default)
+def _upsample2d_backward(op, m):
+    extra = (False,) if "aa" in str(op) else ()
+    return [S(m.f(4, 6, 4, 5), [4, 5], [4, 6, 2, 3], *extra)]
+
+
+@_on(aten._upsample_nearest_exact3d_backward.default)
+def _upsample3d_backward(op, m):
+    return [S(m.f(4, 2, 3, 4, 5), [3, 4, 5], [4, 2, 2, 2, 3])]

@@ -156,3 +156,8 @@ def _norm_dim_dtype(op, m):
 @_on(aten.norm.ScalarOpt_dtype)
 def _norm_dtype(op, m):
     return [S(m.f(5, 3), 2, dtype=torch.float64)]
+
+
+@_on(aten._is_any_true.default, aten._is_all_true.default)
+def _is_true(op, m):
+    return [S(m.b(5, 3)), S(torch.ones(4, 3, dtype=torch.bool))]
