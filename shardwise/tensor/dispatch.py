@@ -18,6 +18,7 @@ import warnings
 from typing import Optional
 
 import torch
+from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ._switch import Switch
 from .placements import Replicate
@@ -82,6 +83,8 @@ class PropagationCache:
     def put_quick(self, qkey, plan) -> None:
         if plan.redist or plan.local is not None or plan.guard is not None or plan.out_kind not in ("tensor", "inplace"):
             return  # plans made under a switch must re-check it on every hit (the full path does)
+        if plan.out_kind == "inplace" and plan.out_specs[0] != qkey[1]:
+            return  # an in-place op changing its argument's spec (squeeze_) takes the full path
         with self._lock:
             if len(self.quick) >= self.max_size:
                 self.quick.pop(next(iter(self.quick)))
@@ -185,24 +188,39 @@ class OpDispatcher:
     def _run(self, plan: OpPlan, op, args, local_args, kwargs):
         for i, j, steps, spec, coord in plan.redist:
             if j < 0:
-                local_args[i] = execute_plan(local_args[i], steps, spec.mesh, spec.shape, spec.placements, coord)
+                local_args[i] = execute_plan(local_args[i], steps, spec.mesh, spec.shape, spec.placements, coord,
+                                             stride=spec.stride)
             else:
-                local_args[i][j] = execute_plan(local_args[i][j], steps, spec.mesh, spec.shape, spec.placements, coord)
+                local_args[i][j] = execute_plan(local_args[i][j], steps, spec.mesh, spec.shape, spec.placements,
+                                                coord, stride=spec.stride)
         local = plan.local
+        call_kwargs = kwargs
+        if kwargs and any(type(v) is self.cls for v in kwargs.values()):
+            # a tensor keyword (linalg_pinv's rtol) is never redistributed (its rule keeps it as it is):
+            # the local op gets its piece; an out= DTensor is still returned as given
+            call_kwargs = {k: v._local_tensor if type(v) is self.cls else v for k, v in kwargs.items()}
         if local is not None:
             for i, v in local.arg_subs.items():
                 local_args[i] = v
             if local.kwarg_subs:
-                kwargs = {**kwargs, **local.kwarg_subs}
-            out = local.kernel(op, local_args, kwargs) if local.kernel else op(*local_args, **kwargs)
+                call_kwargs = {**call_kwargs, **local.kwarg_subs}
+            out = local.kernel(op, local_args, call_kwargs) if local.kernel else op(*local_args, **call_kwargs)
         else:
-            out = op(*local_args, **kwargs)
+            out = op(*local_args, **call_kwargs)
         kind = plan.out_kind
         cls = self.cls
         if kind == "tensor":
             return cls._wrap(out, plan.out_specs[0])
         if kind == "inplace":
-            return args[0]
+            a = args[0]
+            spec = plan.out_specs[0]
+            if spec is not None and a._spec != spec:
+                # squeeze_/t_/transpose_ change the shape; under the gather fallback the argument was
+                # replicated first and the result is that replicated value: the DTensor takes it
+                a._local_tensor, a._spec = out, spec
+                if torch.Tag.inplace_view in op.tags:
+                    return return_and_correct_aliasing(op, args, kwargs, a)
+            return a
         if kind == "out":  # an out= variant returns the DTensor it wrote into
             return kwargs["out"]
         if kind == "seq":
@@ -243,7 +261,7 @@ class OpDispatcher:
             local = LocalPlan(kernel=outside_kernel(out_specs, torch.device(mesh.device_type)))
         else:
             local = entry.local(schema, decision, out_specs, mesh, coord) if entry.local else None
-        implicit = any(ta.placements is None and ta.ndim > 0 for ta in schema.tensor_args)
+        implicit = any(ta.placements is None and _numel(ta.shape) > 1 for ta in schema.tensor_args)
         return OpPlan(redist, out_specs, self._out_kind(op, schema, inplace), local, decision, gathers, implicit)
 
     def _out_kind(self, op, schema: OpSchema, inplace: bool) -> str:
@@ -286,7 +304,7 @@ class OpDispatcher:
                     "one DeviceMesh first"
                 )
         for ta in tensor_args:
-            if ta.placements is None and ta.ndim > 0 and not IMPLICIT_REPLICATION.get():
+            if ta.placements is None and _numel(ta.shape) > 1 and not IMPLICIT_REPLICATION.get():
                 raise _mixed_error(op, ta.shape)
         outputs = meta_outputs(op, args, kwargs, cls)
         return OpSchema(op, sargs, skw, tensor_args, outputs, tuple(mesh.shape)), mesh
@@ -348,12 +366,21 @@ def quick_key(op, args, cls):
     return tuple(key)
 
 
+def _numel(shape) -> int:
+    # a plain one-element tensor counts as a replicated scalar (as 0-d ones, and as PyTorch's DTensor):
+    # composite ops make such tensors internally (torch.tensor([x]))
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
 def _mixed_error(op, shape) -> ValueError:
     # ValueError, not TypeError: Tensor operators turn TypeErrors into NotImplemented and the message
     # would be lost
     return ValueError(
-        f"{op}: a plain torch.Tensor of shape {tuple(shape)} is mixed with DTensors; only 0-d tensors are "
-        "implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) or "
+        f"{op}: a plain torch.Tensor of shape {tuple(shape)} is mixed with DTensors; only tensors of one "
+        "element are implicitly replicated. Wrap it with distribute_tensor(t, mesh, [Replicate()]) or "
         "DTensor.from_local(t, mesh, placements), or run the op inside "
         "`with shardwise.tensor.experimental.implicit_replication():`"
     )
@@ -370,7 +397,7 @@ def _guard(gathers: bool, implicit: bool):
         if implicit and not IMPLICIT_REPLICATION.get():
             flat = [x for a in args for x in (a if type(a) in (list, tuple) else (a,))]
             raise _mixed_error(op, next(x.shape for x in flat if isinstance(x, torch.Tensor)
-                                        and not isinstance(x, cls) and x.ndim > 0))
+                                        and not isinstance(x, cls) and x.numel() > 1))
 
     return guard
 

@@ -22,7 +22,7 @@ import torch
 
 from . import collectives as C
 from .placements import MaskPartial, Partial, Placement, Replicate, Shard
-from .spec import chunk_range, local_shape_and_offset
+from .spec import chunk_range, local_shape_and_offset, match_layout
 
 __all__ = ["Step", "plan_redistribute", "execute_plan", "redistribute_local", "transition_cost"]
 
@@ -122,9 +122,11 @@ def to_partial(x: torch.Tensor, op: str, index: int) -> torch.Tensor:
     return x
 
 
-def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, donate: bool = False) -> torch.Tensor:
+def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, donate: bool = False,
+                 stride=None) -> torch.Tensor:
     """Run planned steps on the local tensor ``x`` of a tensor with global ``shape``. ``donate``: the
-    caller gives up ``x``, so a reduction may overwrite it (see donation.py)."""
+    caller gives up ``x``, so a reduction may overwrite it (see donation.py). ``stride``: the global
+    stride; a collective's fresh, contiguous result is laid out in its dim order (``match_layout``)."""
     cur = list(src_placements)
     mesh_shape = tuple(mesh.shape)
     owned = donate  # whether x is a buffer nobody else sees (donated, or made by an earlier step)
@@ -151,14 +153,14 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, don
         # an all-reduce or all-gather result is a fresh buffer; other steps may return views of x
         owned = owned or type(d) is Replicate and isinstance(s, (Partial, Shard))
         cur[i] = d
-    return x
+    return x if stride is None else match_layout(x, stride)
 
 
 def redistribute_local(x: torch.Tensor, spec, dst_placements, coord, donate: bool = False) -> torch.Tensor:
     if coord is None:  # a rank outside the mesh holds an empty piece and joins no collective
         return x
     steps = plan_redistribute(spec.placements, tuple(dst_placements), tuple(spec.mesh.shape), spec.ndim)
-    return execute_plan(x, steps, spec.mesh, spec.shape, spec.placements, coord, donate) if steps else x
+    return execute_plan(x, steps, spec.mesh, spec.shape, spec.placements, coord, donate, spec.stride) if steps else x
 
 
 def transition_cost(src: Placement, dst: Placement, nbytes: float, n: int) -> float:

@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import DeviceMesh, _mesh_resources
 
 from .placements import Partial, Placement, Replicate, Shard
 
-__all__ = ["DTensorSpec", "chunk_range", "local_shape_and_offset", "normalize_placements", "mesh_coord"]
+__all__ = ["DTensorSpec", "chunk_range", "local_shape_and_offset", "normalize_placements", "mesh_coord", "match_layout"]
 
 
 def chunk_range(size: int, parts: int, index: int) -> tuple[int, int]:
@@ -169,3 +169,26 @@ def _contiguous_stride(shape) -> tuple[int, ...]:
         stride.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(stride))
+
+
+def match_layout(local: torch.Tensor, stride) -> torch.Tensor:
+    """``local`` with its dims in memory in the order the global ``stride`` gives them (a copy only when
+    the orders differ). A collective returns a contiguous buffer; a DTensor whose global stride says
+    "transposed" over such a piece would decide view-versus-copy (``reshape``, autograd's layout
+    checks) on strides its local tensor does not have, and the local ``view`` would fail.
+
+    >>> t = torch.arange(6.0).view(2, 3)
+    >>> match_layout(t, (1, 2)).stride(), match_layout(t, (3, 1)) is t
+    ((1, 2), True)
+    """
+    n = len(stride)
+    if n < 2 or 0 in stride or all(stride[i] >= stride[i + 1] for i in range(n - 1)):
+        return local  # in order already, or an expanded (stride 0) view no local piece can copy
+    order = sorted(range(n), key=lambda d: -stride[d])  # outermost first; stable for size-1 ties
+    inner = local.permute(order)
+    if inner.is_contiguous():
+        return local
+    inverse = [0] * n
+    for pos, d in enumerate(order):
+        inverse[d] = pos
+    return inner.contiguous().permute(inverse)

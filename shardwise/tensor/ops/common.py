@@ -9,7 +9,7 @@ from ..propagation.schema import LocalPlan, Strategy, TensorArg
 
 __all__ = [
     "R", "PSUM", "LINEAR_PARTIALS", "ALL_PARTIALS", "broadcast_placement", "pointwise_strategies",
-    "replicate_strategy", "local_shape_sub", "normalize_dim", "normalize_dims",
+    "replicate_strategy", "local_shape_sub", "normalize_dim", "normalize_dims", "named_arg", "has_arg",
 ]
 
 R = Replicate()
@@ -75,3 +75,20 @@ def size_sub_local(arg_index: int):
         return LocalPlan(arg_subs={arg_index: local_shape_sub(out_specs[0], coord)})
 
     return local
+
+
+def named_arg(schema, name: str, default=None):
+    """The value of the op's argument ``name`` as called (positional or keyword), else the schema's
+    default, else ``default``: read from the op's own schema, so one rule serves every overload."""
+    for i, a in enumerate(schema.op._schema.arguments):
+        if a.name == name:
+            if not a.kwarg_only and i < len(schema.args):
+                return schema.args[i]
+            if name in schema.kwargs:
+                return schema.kwargs[name]
+            return a.default_value if a.has_default_value() else default
+    return default
+
+
+def has_arg(op, name: str) -> bool:
+    return any(a.name == name for a in op._schema.arguments)

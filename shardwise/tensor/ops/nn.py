@@ -13,7 +13,7 @@ from .common import PSUM, R, normalize_dim
 
 
 @register_rule(aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default,
-               aten._log_softmax_backward_data.default)
+               aten._log_softmax_backward_data.default, aten._safe_softmax.default)
 def softmax_rule(schema, mesh_size):
     # softmax couples every element along `dim`; any other dim may stay sharded
     n_in = len(schema.tensor_args)
@@ -39,7 +39,7 @@ def nll_forward_rule(schema, mesh_size):
     x = schema.tensor_args[0]
     reduction = schema.args[3]
     st = [Strategy((R, R), _by_arg(schema, {}))]
-    if x.ndim == 2:  # batch-sharded input and target
+    if x.ndim >= 2:  # batch-sharded input and target (nll_loss2d: images of class scores too)
         ins = _by_arg(schema, {0: Shard(0), 1: Shard(0)})
         if reduction == 0:
             st.append(Strategy((Shard(0), R), ins))
@@ -66,15 +66,15 @@ def _nll_local(schema, decision, out_specs, mesh, coord):
     return LocalPlan(kernel=kernel)
 
 
-register_rule(aten.nll_loss_forward.default, local=_nll_local)(nll_forward_rule)
+register_rule(aten.nll_loss_forward.default, aten.nll_loss2d_forward.default, local=_nll_local)(nll_forward_rule)
 
 
-@register_rule(aten.nll_loss_backward.default)
+@register_rule(aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)
 def nll_backward_rule(schema, mesh_size):
     # (grad_output, self, target, weight, reduction, ignore_index, total_weight)
     reduction = schema.args[4]
     st = [Strategy((R,), _by_arg(schema, {}))]
-    if schema.args[1].ndim == 2:
+    if schema.args[1].ndim >= 2:
         g = Shard(0) if reduction == 0 else R
         st.append(Strategy((Shard(0),), _by_arg(schema, {0: g, 1: Shard(0), 2: Shard(0)})))
     return st

@@ -12,7 +12,7 @@ from torch.ops import aten
 from ..collectives import mesh_max
 from ..placements import Partial, Shard
 from ..propagation.propagator import Decision
-from ..propagation.registry import register_rule
+from ..propagation.registry import RULES, is_out_variant, register_rule
 from .common import ALL_PARTIALS, LINEAR_PARTIALS, R, broadcast_placement, pointwise_strategies, replicate_strategy
 from ..propagation.schema import LocalPlan, Strategy, TensorArg
 
@@ -36,8 +36,8 @@ _COPY_LIKE = [aten.clone, aten.detach, aten.alias, aten._to_copy, aten.contiguou
 # overloads, not packets, where a packet holds non-pointwise forms: where(cond) is nonzero, eq/ne.Tensor_list
 # compare lists to a bool, copy.Dict_Tensor copies a dict
 _ADDITIVE = [aten.add, aten.sub, aten.add_, aten.sub_, aten.copy_, aten.copy.default]
-_SCALING = [aten.mul, aten.mul_, aten.div, aten.div_]
-_FACTORY_LIKE = [aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.zero_]
+_SCALING = [aten.mul, aten.mul_, aten.div, aten.div_, aten.true_divide]
+_FACTORY_LIKE = [aten.zeros_like, aten.ones_like, aten.empty_like, aten.full_like, aten.zero_, aten.fill]
 
 
 def _is_tensor(x) -> bool:
@@ -47,6 +47,8 @@ def _is_tensor(x) -> bool:
 @register_rule(*_NONLINEAR, pointwise=True)
 def nonlinear_rule(schema, mesh_size):
     return pointwise_strategies(schema)
+
+
 
 
 @register_rule(*_COPY_LIKE, pointwise=True)
@@ -76,7 +78,7 @@ def additive_rule(schema, mesh_size):
 def scaling_rule(schema, mesh_size):
     # linear in each operand separately: one partial operand times (or over) replicated values
     n = len(schema.tensor_args)
-    is_div = schema.op.overloadpacket in (aten.div, aten.div_)
+    is_div = schema.op.overloadpacket in (aten.div, aten.div_, aten.true_divide)
     partials = []
     for i in range(1 if is_div else n):
         for p in LINEAR_PARTIALS:
@@ -92,8 +94,9 @@ def factory_like_rule(schema, mesh_size):
     # (zero_ keeps a partial: zeros sum to zero)
     strategies = pointwise_strategies(schema)
     keep = schema.op.overloadpacket is aten.zero_
+    rest = (R,) * (len(schema.tensor_args) - 1)  # fill.Tensor's value
     for p in ALL_PARTIALS:
-        strategies.append(Strategy((p if keep else R,), (p,)))
+        strategies.append(Strategy((p if keep else R,), (p,) + rest))
     return strategies
 
 
@@ -123,7 +126,7 @@ def _out_rule(schema, mesh_shape) -> Decision:
 
 def _out_local(schema, decision, out_specs, mesh, coord) -> LocalPlan:
     def kernel(op, args, kwargs):
-        out = kwargs["out"]  # the dispatcher passes keyword tensors as they came: a DTensor's piece is inside
+        out = kwargs["out"]  # the dispatcher passes a DTensor keyword as its local piece
         return op(*args, **{**kwargs, "out": getattr(out, "_local_tensor", out)})
 
     return LocalPlan(kernel=kernel)
@@ -160,3 +163,37 @@ def _equal_local(schema, decision, out_specs, mesh, coord) -> LocalPlan:
 
 
 register_rule(aten.equal.default, local=_equal_local)(equal_rule)
+
+
+# elementwise ops torch does not tag pointwise (activation backward ops mostly); same rule
+_UNTAGGED = [
+    aten.hardswish, aten.hardswish_, aten.hardswish_backward, aten.elu_backward, aten.softplus_backward,
+    aten.mish_backward, aten.hardsigmoid_backward, aten.hardshrink_backward, aten.softshrink_backward,
+    aten.isin, aten.polar, aten.complex, aten.floor_divide, aten.floor_divide_, aten.mish_, aten.gelu_,
+]
+# tagged pointwise, but each element draws random numbers: a shard would draw other values
+_NOT_ELEMENTWISE = {"rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_", "native_dropout_backward"}
+
+
+def tagged_pointwise_ops() -> list:
+    """Every aten overload torch tags ``pointwise`` that has no rule yet: read from the ops' own tags, so
+    a new torch version's pointwise ops are covered without a list here."""
+    found = []
+    for full in torch._C._dispatch_get_all_op_names():
+        if not full.startswith("aten::"):
+            continue
+        name, _, overload = full[len("aten::"):].partition(".")
+        packet = getattr(aten, name, None)
+        ov = getattr(packet, overload or "default", None) if packet is not None else None
+        if ov is None or name in _NOT_ELEMENTWISE or torch.Tag.pointwise not in ov.tags:
+            continue
+        if ov in RULES or is_out_variant(ov) or not any("Tensor" in str(a.type) for a in ov._schema.arguments):
+            continue
+        if not ov.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+            found.append(ov)  # a composite op decomposes before a DTensor sees it
+    return found
+
+
+# the ops this module gave the pointwise rule from their tags (the validator builds their samples)
+TAGGED = tuple(tagged_pointwise_ops())
+register_rule(*_UNTAGGED, *TAGGED, pointwise=True)(nonlinear_rule)

@@ -17,7 +17,12 @@ from ..propagation.schema import LocalPlan, Strategy, TensorArg
 from ..spec import chunk_range
 from .common import ALL_PARTIALS, LINEAR_PARTIALS, R, normalize_dim, size_sub_local
 
-__all__ = ["view_groups"]
+__all__ = ["view_groups", "base_name"]
+
+
+def base_name(op) -> str:
+    """The shape op an overload is a form of: ``squeeze_`` and ``squeeze_copy`` are ``squeeze``."""
+    return op.overloadpacket.__name__.removesuffix("_copy").rstrip("_")
 
 
 def view_groups(in_shape, out_shape) -> list[tuple[list[int], list[int]]]:
@@ -90,10 +95,10 @@ def _perm_strategies(x: TensorArg, perm) -> list[Strategy]:
 def permute_rule(schema, mesh_size):
     x = schema.tensor_args[0]
     perm = list(range(x.ndim))
-    if schema.op is aten.permute.default:
+    if base_name(schema.op) == "permute":
         perm = [normalize_dim(d, x.ndim) for d in schema.args[1]]
     elif x.ndim >= 2:
-        d0, d1 = (0, 1) if schema.op is aten.t.default else (
+        d0, d1 = (0, 1) if base_name(schema.op) == "t" else (
             normalize_dim(schema.args[1], x.ndim), normalize_dim(schema.args[2], x.ndim))
         perm[d0], perm[d1] = perm[d1], perm[d0]
     return _perm_strategies(x, perm)
@@ -126,9 +131,9 @@ def unsqueeze_rule(schema, mesh_size):
 
 def _squeezed_dims(schema) -> list[int]:
     x = schema.tensor_args[0]
-    if schema.op is aten.squeeze.default:
+    if schema.op._overloadname == "default":
         dims = range(x.ndim)
-    elif schema.op is aten.squeeze.dim:
+    elif schema.op._overloadname == "dim":
         dims = [normalize_dim(schema.args[1], max(x.ndim, 1))]
     else:
         dims = [normalize_dim(d, max(x.ndim, 1)) for d in schema.args[1]]
@@ -161,17 +166,19 @@ def expand_rule(schema, mesh_size):
 def slice_rule(schema, mesh_size):
     x = schema.tensor_args[0]
     dim = normalize_dim(schema.arg(1, "dim", 0), x.ndim)
-    if schema.op is aten.select.int:
+    if base_name(schema.op) == "select":
         return _mapped(x, _keep_dims_map(x.ndim, {dim}))
     return _mapped(x, {d: d for d in range(x.ndim) if d != dim})
 
 
-@register_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int)
+@register_rule(aten.split.Tensor, aten.split_with_sizes.default, aten.unbind.int, aten.unsafe_split.Tensor,
+               aten.unsafe_split_with_sizes.default)
 def split_rule(schema, mesh_size):
     x = schema.tensor_args[0]
-    dim = normalize_dim(schema.arg(2 if schema.op is not aten.unbind.int else 1, "dim", 0), x.ndim)
+    unbind = base_name(schema.op) == "unbind"
+    dim = normalize_dim(schema.arg(2 if not unbind else 1, "dim", 0), x.ndim)
     n = schema.num_outputs
-    mapping = _keep_dims_map(x.ndim, {dim}) if schema.op is aten.unbind.int else {d: d for d in range(x.ndim) if d != dim}
+    mapping = _keep_dims_map(x.ndim, {dim}) if unbind else {d: d for d in range(x.ndim) if d != dim}
     return [Strategy((s.outputs[0],) * n, s.inputs) for s in _mapped(x, mapping)]
 
 
@@ -215,3 +222,14 @@ def _slice_backward_rule(schema, mesh_size):
 
 register_rule(aten.slice_backward.default, aten.select_backward.default, local=size_sub_local(1))(
     _slice_backward_rule)
+
+
+# in-place forms: the DTensor's spec changes with its shape (the dispatcher updates it)
+def _squeeze_inplace_local(schema, decision, out_specs, mesh, coord):
+    dims = _squeezed_dims(schema)
+    return LocalPlan(kernel=lambda op, args, kwargs: aten.squeeze_.dims(args[0], dims) if dims else args[0])
+
+
+register_rule(aten.squeeze_.default, aten.squeeze_.dim, aten.squeeze_.dims, local=_squeeze_inplace_local)(squeeze_rule)
+register_rule(aten.unsqueeze_.default)(unsqueeze_rule)
+register_rule(aten.t_.default, aten.transpose_.default)(permute_rule)

@@ -39,7 +39,10 @@ def meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
         # tensors real and only make the distributed ones meta
         margs = [to_meta(a, plain=False) for a in args]
         mkwargs = {k: to_meta(v, plain=False) for k, v in kwargs.items()}
-        out = op(*margs, **mkwargs)
+        try:
+            out = op(*margs, **mkwargs)
+        except NotImplementedError:
+            margs, mkwargs, out = _without_meta_kernel(op, args, kwargs, cls)
     if op_mutates_first_arg(op) and len(op._schema.returns) <= 1:
         out = margs[0] if not isinstance(margs[0], list) else margs[0]
     if isinstance(out, torch.Tensor):
@@ -47,6 +50,36 @@ def meta_outputs(op, args, kwargs, cls) -> list[Optional[torch.Tensor]]:
     if isinstance(out, (list, tuple)):
         return [o if isinstance(o, torch.Tensor) else None for o in out]
     return []
+
+
+def _without_meta_kernel(op, args, kwargs, cls):
+    """An op with no meta kernel (geqrf): its output shapes from one call on zero-filled CPU tensors of
+    the global shapes. Refused for ops whose output shapes depend on the values (nonzero, unique): a
+    global shape guessed from zeros would be wrong."""
+    if torch.Tag.dynamic_output_shape in op.tags or torch.Tag.data_dependent_output in op.tags:
+        raise NotImplementedError(
+            f"{op}: its output shape depends on the input values and it has no meta kernel, so the "
+            "DTensor's global shape cannot be known before it runs; call it on .full_tensor() (or "
+            ".to_local()) and wrap the result with DTensor.from_local")
+
+    def zeros(x):
+        if isinstance(x, cls):
+            s = x._spec
+            return torch.zeros(s.shape, dtype=s.dtype)
+        if isinstance(x, torch.Tensor):
+            return torch.zeros(x.shape, dtype=x.dtype)
+        if isinstance(x, (list, tuple)) and x and isinstance(x[0], torch.Tensor):
+            return [zeros(y) for y in x]
+        return x
+
+    zargs = [zeros(a) for a in args]
+    zkwargs = {k: zeros(v) for k, v in kwargs.items()}
+    if "device" in zkwargs:
+        zkwargs["device"] = torch.device("cpu")
+    out = op(*zargs, **zkwargs)
+    meta = lambda t: t.to("meta") if isinstance(t, torch.Tensor) else t  # noqa: E731
+    out = [meta(o) for o in out] if isinstance(out, (list, tuple)) else meta(out)
+    return [meta(a) for a in zargs], {k: meta(v) for k, v in zkwargs.items()}, out
 
 
 def outside_kernel(out_specs, device):

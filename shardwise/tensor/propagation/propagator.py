@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from ..placements import MaskPartial, Partial, Placement, Replicate
 from ..redistribute import transition_cost
 from .registry import RuleEntry
@@ -26,6 +28,10 @@ class Decision:
 def op_mutates_first_arg(op) -> bool:
     args = op._schema.arguments
     return bool(args) and args[0].alias_info is not None and args[0].alias_info.is_write
+
+
+def _renumbers(op) -> bool:
+    return torch.Tag.inplace_view in op.tags
 
 
 def _nbytes(t) -> float:
@@ -51,7 +57,8 @@ def _strategy_cost(schema: OpSchema, st: Strategy, mdim: int, n: int, inplace: b
         if inplace and ta.index == 0 and cur != req and not (isinstance(cur, MaskPartial) and req == Partial()):
             return None
         total += transition_cost(cur, req, _nbytes(ta), n)
-    if inplace and schema.tensor_args and schema.tensor_args[0].placements is not None:
+    # an in-place view op (squeeze_, t_) renumbers its argument's dims: its placements may follow
+    if inplace and schema.tensor_args and schema.tensor_args[0].placements is not None and not _renumbers(schema.op):
         if st.outputs and st.outputs[0] is not None and st.outputs[0] != schema.tensor_args[0].placements[mdim]:
             if not (isinstance(schema.tensor_args[0].placements[mdim], MaskPartial) and st.outputs[0] == Partial()):
                 return None

@@ -9,11 +9,13 @@ import pytest
 import torch
 from torch.ops import aten
 
+from shardwise.tensor.ops.attention import CUDA_ATTENTION_OPS
 from shardwise.tensor.placements import Partial, Replicate, Shard
 from shardwise.tensor.propagation.propagator import Decision
 from shardwise.tensor.propagation.registry import RULES, RuleEntry, registered_ops
 from shardwise.tensor.propagation.schema import LocalPlan, Strategy
-from shardwise.tensor.validate import Plain, Sample, ValidationReport, main, validate_rules
+from shardwise.tensor.validate import OpReport, Plain, Sample, ValidationReport, main, validate_rules
+from shardwise.tensor.validate.samples import sample_inputs, source
 
 R = Replicate()
 
@@ -21,19 +23,39 @@ R = Replicate()
 # instead when you can).
 # Each entry must say why, e.g. "aten.foo.default",  # data-dependent output shape, no meta kernel
 ALLOWED_WITHOUT_SAMPLES: set = set()
+# CUDA-only kernels (no CPU implementation to sample): tests/tensor/ops/test_attention.py runs them on GPUs
+ALLOWED_WITHOUT_SAMPLES |= {str(op) for op in CUDA_ATTENTION_OPS}
 
 # Ops whose samples fail for a reason outside the rules. Each must still fail (so the entry is removed
 # when the cause is fixed).
-KNOWN_FAILURES: dict = {}
+KNOWN_FAILURES: dict = {
+    # eval-mode batch norm: the CPU kernel returns empty saved statistics, the meta kernel full-size ones
+    "aten.native_batch_norm.default": "but its spec",
+    "aten._native_batch_norm_legit.default": "but its spec",
+    "aten._native_batch_norm_legit_no_training.default": "but its spec",
+    # offset2bag: empty on CPU in this mode, full-size on meta
+    "aten._embedding_bag_forward_only.default": "but its spec",
+    "aten._embedding_bag.default": "but its spec",
+    # outputs holding uninitialised memory (or garbage for a schema-built call), or nothing to compare
+    "aten._ctc_loss.default": "differs",
+    "aten._ctc_loss.Tensor": "differs",
+    "aten._pdist_backward.default": "differs",
+    "aten._linalg_check_errors.default": "Could not infer dtype of NoneType",
+}
 
 
 _CPU_SECONDS = {}
 
 
+def _quick_ops() -> list:
+    # ops with samples of their own (a builder or their schema); op_db-sampled ones are checked below
+    return [op for op in registered_ops() if source(op) != "op_db"]
+
+
 @pytest.fixture(scope="module")
 def report() -> ValidationReport:
     start = time.process_time()  # CPU time: the machine is shared, wall time is not ours
-    rep = validate_rules()
+    rep = validate_rules(_quick_ops())
     _CPU_SECONDS["full"] = time.process_time() - start
     return rep
 
@@ -45,16 +67,38 @@ def test_every_rule_agrees_with_full_tensor_ops(report):
     assert _CPU_SECONDS["full"] < 30
 
 
-def test_known_failures_still_fail(report):
+def test_known_failures_still_fail(report, opdb_report):
     for op, cause in KNOWN_FAILURES.items():
-        msgs = [f.message for f in report.ops[op].failures]
+        msgs = [f.message for f in (report if op in report.ops else opdb_report).ops[op].failures]
         assert msgs and all(cause in m for m in msgs), (op, msgs)
 
 
-def test_no_registered_op_lacks_samples(report):
-    assert set(report.without_samples) <= ALLOWED_WITHOUT_SAMPLES, sorted(
-        set(report.without_samples) - ALLOWED_WITHOUT_SAMPLES)
-    assert set(report.ops) | set(report.without_samples) == {str(o) for o in registered_ops()}
+def test_no_registered_op_lacks_samples(report, opdb_report):
+    without = set(report.without_samples) | set(opdb_report.without_samples)
+    assert without <= ALLOWED_WITHOUT_SAMPLES, sorted(without - ALLOWED_WITHOUT_SAMPLES)
+    assert set(report.ops) | set(opdb_report.ops) | without == {str(o) for o in registered_ops()}
+
+
+@pytest.fixture(scope="module")
+def opdb_report() -> ValidationReport:
+    """The ops sampled from torch's op_db: every one is sampled, a quarter (rotating by op name) checked
+    here on one mesh size; `shardwise validate` checks them all."""
+    start = time.process_time()
+    ops = [op for op in registered_ops() if source(op) == "op_db"]
+    samples = {op: sample_inputs(op) for op in ops}  # records op_db once (the slow part)
+    checked = [op for i, op in enumerate(ops) if i % 4 == 0 or str(op) in KNOWN_FAILURES]
+    rep = validate_rules(checked, world_sizes=(2,), samples={op: samples[op] for op in checked})
+    rep.without_samples += [str(op) for op in ops if not samples[op]]
+    rep.ops.update({str(op): OpReport(str(op), samples=len(samples[op] or ())) for op in ops
+                    if str(op) not in rep.ops and samples[op]})
+    _CPU_SECONDS["opdb"] = time.process_time() - start
+    return rep
+
+
+def test_opdb_sampled_rules_agree_with_full_tensor_ops(opdb_report):
+    unexpected = [str(f) for f in opdb_report.failures if f.op not in KNOWN_FAILURES]
+    assert not unexpected, "\n".join(unexpected[:40])
+    assert _CPU_SECONDS["opdb"] < 30
 
 
 def test_collective_kernels_are_listed_as_needing_real_ranks(report):
@@ -245,4 +289,4 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match="empty"):
         validate_rules(world_sizes=())
     with pytest.raises(ValueError, match="no registered sharding rule"):
-        validate_rules([aten.lgamma.default])
+        validate_rules([aten.nonzero.default])

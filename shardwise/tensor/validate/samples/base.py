@@ -129,3 +129,48 @@ def sample_inputs(op, seed: int = 0) -> Optional[list]:
     if fn is None:
         return None
     return fn(op, _Maker(seed * 1000003 + zlib.crc32(str(op).encode())))
+
+
+def _value(type_name: str, integral: bool):
+    if type_name in ("int", "SymInt"):
+        return 1
+    if type_name in ("float", "Scalar", "number"):  # a Scalar's type prints as "number"
+        return 1 if integral and type_name != "float" else 0.5
+    if type_name == "bool":
+        return False
+    raise TypeError(type_name)
+
+
+def from_schema(op, m: _Maker, shapes) -> Optional[Sample]:
+    """A sample built from the op's schema alone: its required tensors of ``shapes`` (the last shape
+    repeats) of the first dtype the op accepts (positive floats, small integers, bools), 1 or 0.5 for
+    each required number. None when no dtype runs (the op needs arguments of another kind)."""
+    for make, integral in ((m.pos, False), (m.i, True), (m.b, True)):
+        args, k = [], 0
+        try:
+            for a in op._schema.arguments:
+                if a.has_default_value() or a.kwarg_only:
+                    continue
+                t = str(a.type)
+                if t.startswith("Tensor") and "[]" not in t:
+                    args.append(make(*shapes[min(k, len(shapes) - 1)]))
+                    k += 1
+                else:
+                    args.append(_value(t, integral))
+            if not k:
+                return None
+            op(*[x.clone() if isinstance(x, torch.Tensor) else x for x in args])
+        except (TypeError, RuntimeError, NotImplementedError, ValueError, IndexError):
+            continue
+        return Sample(tuple(args))
+    return None
+
+
+def schema_samples(*shape_sets):
+    """A builder making one ``from_schema`` sample per shape set (those the op accepts)."""
+
+    def build(op, m):
+        found = [from_schema(op, m, shapes) for shapes in shape_sets]
+        return [s for s in found if s is not None]
+
+    return build

@@ -8,7 +8,8 @@ import dataclasses
 import torch
 from torch.ops import aten
 
-from .base import Plain, S, _on
+from ...ops import pointwise as _pw
+from .base import _BUILDERS, Plain, S, _on, schema_samples
 
 
 _UNARY = [
@@ -231,3 +232,29 @@ def _threshold(op, m):
 @_on(aten._local_scalar_dense.default)
 def _item(op, m):
     return [S(m.f()), S(m.i()), S(m.f(1))]
+
+
+# the ops given the pointwise rule from their tags, and the untagged elementwise ones: built from schemas
+_on(*[op for op in (*_pw.TAGGED, *(getattr(p, n) for p in _pw._UNTAGGED for n in p.overloads()))
+      if op in _pw.RULES and op not in _BUILDERS])(schema_samples([(5, 3), (3,)], [(4, 6), (4, 6)], [(2,)]))
+
+
+@_on(aten.clip.default, aten.clip_.default)
+def _clip(op, m):
+    return [S(m.f(5, 3), -0.5, 0.5), S(m.f(5, 3), None, 0.2)]
+
+
+@_on(aten.clip.Tensor, aten.clip_.Tensor)
+def _clip_tensor(op, m):
+    return [S(m.f(5, 3), m.f(3) - 0.5, m.f(5, 3) + 0.5)]
+
+
+@_on(aten.float_power_.Tensor, aten.float_power_.Scalar)
+def _float_power_(op, m):
+    other = m.pos(3).double() if op is aten.float_power_.Tensor else 1.5
+    return [S(m.pos(5, 3).double(), other)]
+
+
+@_on(aten.round_.decimals)
+def _round_decimals(op, m):
+    return [S(m.f(5, 3), decimals=1)]
