@@ -35,9 +35,11 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 # their values depend on the random stream (or are uninitialised): a sharded call draws other values
-_RANDOM = ("rand", "normal", "bernoulli", "multinomial", "dropout", "uniform", "empty", "new_empty",
-           "randn", "randint", "randperm", "exponential", "geometric", "cauchy", "log_normal", "rrelu",
-           "poisson", "nn.functional.feature_alpha_dropout", "nn.functional.alpha_dropout")
+_RANDOM = {"cauchy", "exponential", "geometric", "log_normal", "normal", "normal.in_place", "normal.number_mean",
+           "uniform", "nn.functional.rrelu", "empty_like", "randn", "randn_like", "rand_like", "randint",
+           "randint_like", "new_empty", "new_empty_strided", "empty_strided", "empty", "empty_permuted",
+           "multinomial", "bernoulli"}
+_RANDOM_PREFIXES = ("nn.functional.dropout", "nn.functional.alpha_dropout", "nn.functional.feature_alpha_dropout")
 _TIMEOUT = 60.0
 
 
@@ -219,7 +221,7 @@ def _worker(rank, world, impl, ops, start, shared, args):
 
 def _sweep_op(me, op, shared, args):
     name = _op_name(op)
-    if any(r in name for r in _RANDOM):
+    if name in _RANDOM or name.startswith(_RANDOM_PREFIXES):
         if me.rank == 0:
             shared["results"][name] = {"fwd": None, "bwd": None, "error": "skipped: random or uninitialised values"}
         return

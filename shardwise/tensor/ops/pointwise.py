@@ -172,7 +172,7 @@ _UNTAGGED = [
     aten.isin, aten.polar, aten.complex, aten.floor_divide, aten.floor_divide_, aten.mish_, aten.gelu_,
 ]
 # tagged pointwise, but each element draws random numbers: a shard would draw other values
-_NOT_ELEMENTWISE = {"rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_", "native_dropout_backward"}
+_NOT_ELEMENTWISE = {"rrelu", "rrelu_", "rrelu_with_noise", "rrelu_with_noise_"}
 
 
 def tagged_pointwise_ops() -> list:
