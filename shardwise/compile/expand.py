@@ -204,7 +204,7 @@ def _expand(mode: DTensorExpandMode, joint, state, spec, local_batch, fake_mode)
         [fake(torch.zeros((), dtype=torch.float64, device=_device(state))) for _ in spec.groups],
         [fake(t) for t in local_batch if isinstance(t, torch.Tensor)],
     )
-    # the core's id range check is recorded as an op that raises when the graph runs (ops/embedding.py)
+    # the core's id range check is recorded as an op that raises when the graph runs (ops/nn/embedding.py)
     with fx_traceback.preserve_node_meta():
         gm = make_fx(per_rank, tracing_mode="fake")(*args)
     for node in gm.graph.nodes:

@@ -13,10 +13,10 @@
 True
 
 ``embedding_index_check(False)`` skips the id range check of sharded lookups (see
-``shardwise.tensor.ops.embedding``).
+``shardwise.tensor.ops.nn.embedding``).
 """
 
-from shardwise.tensor.ops.embedding import EmbeddingIndexError, embedding_index_check
+from shardwise.tensor.ops.nn.embedding import EmbeddingIndexError, embedding_index_check
 
 from .api import parallelize_module
 from .input_reshard import input_reshard

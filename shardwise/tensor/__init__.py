@@ -18,7 +18,7 @@ from .checks.agreement import rank_checks
 from .collectives import CollectiveCounter, CollectiveTimeoutError
 from .dtensor import DTensor, fast_path, gather_fallback, propagation_cache
 from .distribute import distribute_module, distribute_tensor
-from .ops.embedding import EmbeddingIndexError, embedding_index_check
+from .ops.nn.embedding import EmbeddingIndexError, embedding_index_check
 from .placements import MaskPartial, NormPartial, Partial, Placement, Replicate, Shard
 from .redistribute import plan_redistribute
 from .spec import DTensorSpec

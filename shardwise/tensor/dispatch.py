@@ -1,9 +1,9 @@
 """How an aten op on DTensors runs: key -> cached OpPlan -> redistribute inputs -> local op -> wrap.
 
-The cache key is built from small hashable values only: the op, each DTensor's spec, each plain
-tensor's shape/dtype, and the non-tensor arguments (for pointwise/foreach ops only their types, so
-changing scalars such as learning rates reuse one plan). A hit costs one dict lookup plus the local op.
-The cache is bounded (oldest entries evicted first).
+The cache key (``plan_cache.py``) is built from small hashable values only: the op, each DTensor's
+spec, each plain tensor's shape/dtype, and the non-tensor arguments (for pointwise/foreach ops only
+their types, so changing scalars such as learning rates reuse one plan). A hit costs one dict lookup
+plus the local op. The cache is bounded (oldest entries evicted first).
 
 Ops without a sharding rule raise, unless ``gather_fallback()`` (``GATHER_FALLBACK``, a per-context
 switch) is on: their inputs are then gathered to Replicate. Such a plan is cached like any other, so a
@@ -13,7 +13,6 @@ cache hit re-checks the switch: a plan made inside a ``with gather_fallback():``
 from __future__ import annotations
 
 import contextvars
-import threading
 import warnings
 from typing import Optional
 
@@ -22,6 +21,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ._switch import Switch
 from .placements import Replicate
+from .plan_cache import PropagationCache, has_tensor, quick_key, seq_key
 from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
 from .propagation.outputs import meta_outputs, outside_kernel
 from .propagation.registry import RuleEntry, is_out_variant, lookup_rule
@@ -29,8 +29,7 @@ from .propagation.schema import LocalPlan, OpSchema, TensorArg
 from .redistribute import execute_plan, plan_redistribute
 from .spec import DTensorSpec, normalize_placements
 
-__all__ = ["OpDispatcher", "PropagationCache", "seq_key", "has_tensor", "quick_key", "GATHER_FALLBACK",
-           "IMPLICIT_REPLICATION", "FAST_PATH"]
+__all__ = ["OpDispatcher", "GATHER_FALLBACK", "IMPLICIT_REPLICATION", "FAST_PATH"]
 
 _SCALARS = (int, float, bool, complex)
 GATHER_FALLBACK = Switch("gather_fallback", False)
@@ -41,55 +40,6 @@ FAST_PATH = Switch("fast_path", True)
 _FAST_PATH_ON = FAST_PATH.get
 _MAKE = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided
-
-
-def has_tensor(seq) -> bool:
-    return bool(seq) and (isinstance(seq[0], torch.Tensor) or any(isinstance(x, torch.Tensor) for x in seq))
-
-
-def seq_key(seq, cls) -> tuple[tuple, list]:
-    """Cache-key part and local list of a list argument holding tensors. Tensors enter keys by spec
-    (DTensor) or shape/dtype (plain), never by identity (aten.index takes ``[None, idx]`` lists)."""
-    part = tuple(x._spec if isinstance(x, cls) else (x.shape, x.dtype) if isinstance(x, torch.Tensor) else x
-                 for x in seq)
-    return part, [x._local_tensor if isinstance(x, cls) else x for x in seq]
-
-
-class PropagationCache:
-    """Bounded map key -> OpPlan with hit/miss counters (tests count hits).
-
-    ``quick`` holds the plans that run the op on the local tensors as they are (no redistribution, no
-    local rewrite), keyed more cheaply (see ``quick_key``); a hit there counts as a hit."""
-
-    def __init__(self, max_size: int = 8192):
-        self.max_size = max_size
-        self.plans: dict = {}
-        self.quick: dict = {}
-        self.hits = 0
-        self.misses = 0
-        self._lock = threading.Lock()  # eviction by two threads at once would pop one key twice
-
-    def clear(self) -> None:
-        self.plans.clear()
-        self.quick.clear()
-        self.hits = self.misses = 0
-
-    def put(self, key, plan) -> None:
-        with self._lock:  # only on a miss: never on the hot path
-            if len(self.plans) >= self.max_size:
-                self.plans.pop(next(iter(self.plans)))
-            self.plans[key] = plan
-
-    def put_quick(self, qkey, plan) -> None:
-        if plan.redist or plan.local is not None or plan.guard is not None or plan.out_kind not in ("tensor", "inplace"):
-            return  # plans made under a switch must re-check it on every hit (the full path does)
-        if plan.out_kind == "inplace" and plan.out_specs[0] != qkey[1]:
-            return  # an in-place op changing its argument's spec (squeeze_) takes the full path
-        with self._lock:
-            if len(self.quick) >= self.max_size:
-                self.quick.pop(next(iter(self.quick)))
-            # the op's C++ callable: calling the OpOverload adds a Python frame per hit
-            self.quick[qkey] = (plan.out_specs[0], plan.out_kind == "inplace", getattr(qkey[0], "_op", qkey[0]))
 
 
 class OpPlan:
@@ -338,32 +288,6 @@ class OpDispatcher:
                             return i, j
                         n += 1
         raise AssertionError(f"tensor leaf {index} not found (tensor kwargs are not redistributed)")
-
-
-def quick_key(op, args, cls):
-    """A cheap cache key for a call whose arguments are DTensors (the first one a DTensor), scalars
-    and lists of ints, else None. Scalars enter with their type: ``x * 1`` and ``x * 1.0`` (or a bool
-    tensor times ``True``) have different output dtypes, and ``1 == 1.0 == True`` as dict keys."""
-    a = args[0] if args else None
-    if type(a) is not cls:
-        return None
-    if len(args) == 1:
-        return (op, a._spec)
-    key = [op, a._spec]
-    for x in args[1:]:
-        t = type(x)
-        if t is cls:
-            key.append(x._spec)
-        elif t is int or t is float or t is bool:
-            key.append(t)
-            key.append(x)
-        elif (t is list or t is tuple) and all(type(v) is int for v in x):
-            key.append(tuple(x))
-        elif x is None:
-            key.append(None)
-        else:
-            return None
-    return tuple(key)
 
 
 def _numel(shape) -> int:

@@ -21,7 +21,7 @@ from .fastpath import _SLOW, FAST_PATH, FastPath, make_entry
 from .full import full_local
 from .function_hooks import HOOKS as _HOOKS
 from .full import grad_placements as _grad_placements
-from .checks.layout import check_from_local, check_local_shapes
+from .checks.layout import check_device, check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
 from .redistribute import redistribute_local
 from .spec import DTensorSpec, _global_stride, coord_or_none, mesh_or_current, normalize_placements
@@ -246,7 +246,7 @@ class DTensor(torch.Tensor):
         device_mesh = mesh_or_current(device_mesh, "from_local")
         if placements is None:
             placements = [Replicate()] * device_mesh.ndim
-        _check_device(local_tensor, device_mesh, "from_local")
+        check_device(local_tensor, device_mesh, "from_local")
         outside = coord_or_none(device_mesh) is None  # this rank is not in the mesh: nothing to check
         if run_check and not outside:
             placements, gathered = check_from_local(local_tensor, device_mesh, placements)
@@ -393,14 +393,3 @@ def gather_fallback(enabled: bool = True):
 def propagation_cache():
     """The sharding-propagation cache (``hits``, ``misses``, ``plans``, ``clear()``)."""
     return _DISPATCHER.cache
-
-
-def _check_device(local: torch.Tensor, mesh: DeviceMesh, what: str) -> None:
-    # a CPU mesh runs gloo on host memory, a CUDA mesh NCCL on device memory: a piece elsewhere
-    # would fail later inside a collective, far from the cause; a meta piece (shapes only) is fine
-    if local.device.type not in (mesh.device_type, "meta"):
-        raise ValueError(
-            f"{what}: the local tensor is on {local.device} but the mesh is a {mesh.device_type!r} mesh; move it "
-            f"with .to({mesh.device_type!r}) first"
-        )
-

@@ -18,7 +18,8 @@ import threading
 
 import torch
 
-from .dispatch import _FAST_PATH_ON, _MAKE, _STRIDED, FAST_PATH, OpDispatcher, has_tensor, seq_key
+from .dispatch import _FAST_PATH_ON, _MAKE, _STRIDED, FAST_PATH, OpDispatcher
+from .plan_cache import has_tensor, seq_key
 
 _SCALARS = (int, float, bool)
 _SLOW = (None, "slow")  # this key never qualifies: go straight to the full path

@@ -13,7 +13,7 @@ from shardwise.tensor import embedding_index_check, fast_path, gather_fallback, 
 from shardwise.tensor.checks.agreement import checks_enabled
 from shardwise.tensor.dispatch import GATHER_FALLBACK
 from shardwise.tensor.fastpath import FAST_PATH
-from shardwise.tensor.ops.embedding import _CHECK
+from shardwise.tensor.ops.nn.embedding import _CHECK
 from shardwise.testing.harness import run_on_ranks, worker_mesh
 
 _SETTINGS = [  # (context manager factory, reader, default)

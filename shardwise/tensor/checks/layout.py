@@ -6,6 +6,7 @@ Each rank first validates its own arguments and keeps any error as data, then al
 groups: a sub-mesh of an N-D mesh needs no new process group). Only when the digests differ are the
 descriptions exchanged, as bytes in tensors (nothing is pickled), so that every rank raises the same
 error naming each rank's value. An argument error that every rank shares is raised as it is.
+``check_device`` is the one local check: a rank's piece must be on the mesh's device type.
 
 >>> from shardwise.tensor import Shard, init_device_mesh
 >>> check_distribute_call(torch.ones(4, 2), [Shard(0)], init_device_mesh("cpu", (1,)), 0)  # (placements, source)
@@ -24,7 +25,7 @@ from .agreement import gather_texts, same_everywhere
 from ..collectives import mesh_gather_rows
 from ..spec import local_shape_and_offset, mesh_coord, normalize_placements
 
-__all__ = ["check_distribute_call", "check_from_local"]
+__all__ = ["check_distribute_call", "check_from_local", "check_device"]
 
 _SEP = "\x1f"  # joins the fields of a description (never part of a shape, dtype or placement)
 
@@ -133,4 +134,15 @@ def check_local_shapes(gathered, mesh: DeviceMesh, placements, shape: Optional[t
         raise ValueError(
             f"from_local(run_check=True): local shapes disagree with global shape {tuple(shape)} and placements "
             f"{[str(p) for p in placements]}: " + "; ".join(bad) + ". Pass the right shape= or fix the shards"
+        )
+
+
+def check_device(local: torch.Tensor, mesh: DeviceMesh, what: str) -> None:
+    """Raise ``ValueError`` when this rank's piece is not on the mesh's device type (``from_local``)."""
+    # a CPU mesh runs gloo on host memory, a CUDA mesh NCCL on device memory: a piece elsewhere
+    # would fail later inside a collective, far from the cause; a meta piece (shapes only) is fine
+    if local.device.type not in (mesh.device_type, "meta"):
+        raise ValueError(
+            f"{what}: the local tensor is on {local.device} but the mesh is a {mesh.device_type!r} mesh; move it "
+            f"with .to({mesh.device_type!r}) first"
         )

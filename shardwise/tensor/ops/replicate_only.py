@@ -12,7 +12,7 @@ from torch.ops import aten
 from ..propagation.registry import RULES, is_out_variant, register_rule
 from ..propagation.schema import LocalPlan
 from .common import replicate_strategy
-from .indexing import REPLICATED as _INDEXING
+from .shape.indexing import REPLICATED as _INDEXING
 
 __all__ = ["FAMILIES", "LISTED", "replicate_only_ops"]
 

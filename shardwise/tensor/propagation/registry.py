@@ -1,4 +1,4 @@
-"""The op -> sharding rule table, filled by decorators in ``shardwise/tensor/ops/*``.
+"""The op -> sharding rule table, filled by decorators in ``shardwise/tensor/ops/*/``.
 
 A rule describes one mesh dimension: ``rule(schema, mesh_size) -> list[Strategy]``. The propagator
 applies it to every mesh dimension and picks the cheapest strategy per dimension. An optional

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.ops import aten
 
-from shardwise.tensor.ops.attention import CUDA_ATTENTION_OPS
+from shardwise.tensor.ops.nn.attention import CUDA_ATTENTION_OPS
 from shardwise.tensor.placements import Partial, Replicate, Shard
 from shardwise.tensor.propagation.propagator import Decision
 from shardwise.tensor.propagation.registry import RULES, RuleEntry, registered_ops
@@ -23,7 +23,7 @@ R = Replicate()
 # instead when you can).
 # Each entry must say why, e.g. "aten.foo.default",  # data-dependent output shape, no meta kernel
 ALLOWED_WITHOUT_SAMPLES: set = set()
-# CUDA-only kernels (no CPU implementation to sample): tests/tensor/ops/test_attention.py runs them on GPUs
+# CUDA-only kernels (no CPU implementation to sample): tests/tensor/ops/nn/test_attention.py runs them on GPUs
 ALLOWED_WITHOUT_SAMPLES |= {str(op) for op in CUDA_ATTENTION_OPS}
 
 # Ops whose samples fail for a reason outside the rules. Each must still fail (so the entry is removed

@@ -1,5 +1,6 @@
 """Sample inputs for the rule validator: small full tensors for every registered op, one file per op
-family of ``shardwise/tensor/ops`` (``pointwise.py`` holds the samples of ``ops/pointwise.py``, ...).
+family of ``shardwise/tensor/ops``, in the same subpackages (``numeric/pointwise.py`` holds the samples
+of ``ops/numeric/pointwise.py``, ...; ``families.py`` those of structure, indexing, losses and spatial).
 
 Comparison ops get integer-valued floats (so ties occur), ops with a restricted domain (log, sqrt,
 division) get positive values. A newly registered op needs a builder in its family's file
@@ -15,8 +16,15 @@ torch's OpInfo samples call it with (``opdb.py``: slow, imports ``op_db``).
 """
 
 # importing a family registers its builders
-from . import attention, complex, embedding, foreach, fused_optim, matmul, nn, norm, pointwise, random  # noqa: F401
-from . import reduction, view  # noqa: F401
+# (in a fixed order: a later builder for an op replaces an earlier one; the subpackages import nothing)
+from .nn import attention  # noqa: F401
+from .shape import complex  # noqa: F401
+from .nn import embedding  # noqa: F401
+from .optim import foreach, fused_optim  # noqa: F401
+from .numeric import matmul  # noqa: F401
+from .nn import functional  # noqa: F401
+from .numeric import norm, pointwise, random, reduction  # noqa: F401
+from .shape import view  # noqa: F401
 from . import families  # noqa: F401
 from .base import Plain, S, Sample, _BUILDERS, _Maker, schema_samples
 from .base import sample_inputs as _built

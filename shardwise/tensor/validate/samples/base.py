@@ -4,7 +4,7 @@ builder registry the per-family sample files fill with ``@_on(op)``.
 Shapes mix sizes not divisible by the mesh sizes 2..4 and sizes smaller than them, so shards come out
 uneven or empty. A builder takes ``(op, maker)`` and returns ``[S(...)]``.
 
->>> @_on(aten.t.default)                 # in samples/view.py; again here, it would replace that  # doctest: +SKIP
+>>> @_on(aten.t.default)                 # in samples/shape/view.py; again here, it would replace that  # doctest: +SKIP
 ... def _t(op, m):
 ...     return [S(m.f(5, 3))]
 >>> import shardwise.tensor.validate.samples   # the per-family files register their builders

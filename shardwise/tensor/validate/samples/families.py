@@ -1,5 +1,6 @@
-"""Validator samples for ``ops/structure.py``, ``indexing.py``, ``losses.py``, ``spatial.py`` and the
-in-place shape ops of ``view.py``: shapes whose kept dims do not divide by the mesh sizes."""
+"""Validator samples for ``ops/shape/structure.py``, ``shape/indexing.py``, ``nn/losses.py``,
+``nn/spatial.py`` and the in-place shape ops of ``shape/view.py``: shapes whose kept dims do not divide
+by the mesh sizes."""
 
 from __future__ import annotations
 
