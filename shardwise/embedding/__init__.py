@@ -40,15 +40,15 @@ from .plan import (
 )
 from .reshard import LoadStats, ReshardStats, current_plan, propose_rebalance, reshard
 from .model_parallel import DistributedModelParallel
-from .sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder, ModuleSharder
-from .sharding_env import ShardingEnv
+from .torchrec_api.sharders import EmbeddingBagCollectionSharder, EmbeddingCollectionSharder, ModuleSharder
+from .torchrec_api.sharding_env import ShardingEnv
 from .sharded_collection import ShardedEmbeddingBagCollection, shard
 from .sharded_sequence import ShardedEmbeddingCollection
 from .sharded_table import ShardedTable
 # TorchRec's names (issue 26): quantized comms, awaitables, the fused unsharded collection, compute kernels
 from .awaitable import Awaitable, LazyAwaitable
-from .compute_kernel import EmbeddingComputeKernel
-from .fused_collection import FusedEmbeddingBagCollection
+from .torchrec_api.compute_kernel import EmbeddingComputeKernel
+from .torchrec_api.fused_collection import FusedEmbeddingBagCollection
 from .qcomm import CommType, QCommsConfig, get_qcomm_codecs_registry
 
 __all__ = [

@@ -3,7 +3,7 @@
 ``Awaitable.wait()`` runs ``_wait_impl()`` and then the ``callbacks`` in order. ``LazyAwaitable``
 also waits by itself, once, when its value is needed: passed to a torch function, an attribute read
 or an arithmetic operator. The sharded collections' staged methods
-(:mod:`~shardwise.embedding.sharded_api`) return these.
+(:mod:`~shardwise.embedding.torchrec_api.sharded_api`) return these.
 
 Example (the introduction tutorial's):
     >>> class Ones(LazyAwaitable):

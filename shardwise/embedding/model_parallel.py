@@ -46,8 +46,8 @@ from .optim.settings import describe, table_optimizers
 from .plan.planner import GreedyShardingPlanner
 from .plan.values import ParameterSharding
 from .sharded_collection import shard_resolved
-from .sharders import check_sharders, sharder_for
-from .sharding_env import ShardingEnv, mesh_for
+from .torchrec_api.sharders import check_sharders, sharder_for
+from .torchrec_api.sharding_env import ShardingEnv, mesh_for
 from .shard_source import check_one_dtype
 from .topology import MeshTopology
 

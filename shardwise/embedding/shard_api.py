@@ -22,7 +22,7 @@ from .optim.settings import table_optimizers
 from .plan.values import ParameterSharding
 from .shard_source import check_or_broadcast, check_same_everywhere
 from .qcomm import check_registry, codecs_digest
-from .sharded_api import use_qcomm
+from .torchrec_api.sharded_api import use_qcomm
 from .topology import MeshTopology
 
 __all__ = ["shard", "shard_resolved"]

@@ -26,7 +26,7 @@ from .shard_source import shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
 from .batch_checks import batch_problem, raise_everywhere
 from .topology import MeshTopology
-from .sharded_api import TorchRecShardedAPI  # issue 26: TorchRec's staged API (awaitables)
+from .torchrec_api.sharded_api import TorchRecShardedAPI  # issue 26: TorchRec's staged API (awaitables)
 
 __all__ = ["ShardedEmbeddingBagCollection", "shard", "shard_resolved"]
 

@@ -32,13 +32,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .data import NUM_DENSE, NUM_SPARSE, ClickLogBatch, to_model_inputs
+from .data import NUM_DENSE, NUM_SPARSE, ClickLogBatch, SyntheticClicks, to_model_inputs
+from .drift import DriftingClicks
 from .model import auc
 
-__all__ = ["EvalResult", "evaluate", "eval_vocabulary", "held_out_parts", "SYNTHETIC_EVAL_ROWS", "EVAL_BATCH"]
+__all__ = ["EvalResult", "evaluate", "eval_vocabulary", "eval_parts", "held_out_parts", "SYNTHETIC_EVAL_ROWS", "EVAL_BATCH"]
 
 EVAL_BATCH = 8192          # rows per rank per scoring call
 SYNTHETIC_EVAL_ROWS = 8192  # the synthetic log never ends: rows scored unless --eval-rows says otherwise
+_EVAL_START = 1 << 40   # synthetic eval examples come from far beyond any training cursor
 
 
 @dataclass
@@ -93,6 +95,21 @@ def eval_vocabulary(train_vocab, eval_path: Optional[str]):
 def _range_parts(data, lo: int, hi: int, offset: int = 0) -> Iterator[ClickLogBatch]:
     for s in range(lo, hi, EVAL_BATCH):
         yield data.batch(offset + s, min(EVAL_BATCH, hi - s))
+
+
+def eval_parts(data, eval_data, eval_paths: Optional[list], cap: Optional[int], rank: int, world: int,
+               skip_bad_lines: bool) -> Iterator[ClickLogBatch]:
+    """This rank's held-out batches (the job's ``--eval-data`` text files or folder, the synthetic log
+    far beyond any training cursor, else the first rows of ``--data``)."""
+    if eval_paths is not None:
+        return text_parts(eval_paths, rank, world, cap, skip_bad_lines)
+    if eval_data is not None:
+        return held_out_parts(eval_data, rank, world, cap)
+    if isinstance(data, (SyntheticClicks, DriftingClicks)):
+        return held_out_parts(data, rank, world, cap or SYNTHETIC_EVAL_ROWS, offset=_EVAL_START)
+    # no held-out set: the first rows of --data (trained on), one batch per rank
+    n = max((cap or SYNTHETIC_EVAL_ROWS) // world, 1)
+    return iter([data.batch(rank * n, n)])
 
 
 def held_out_parts(data, rank: int, world: int, cap: Optional[int], offset: int = 0) -> Iterator[ClickLogBatch]:

@@ -32,16 +32,13 @@ from .report import Progress, console
 from .replan import keep_plan, plan_from_json, plan_to_json
 from .pipeline import TrainPipeline
 from .prelaunch import resumed_batch
-from .reshard import live_reshard, measured_ids_per_bag
+from .reshard import live_reshard, measured_ids_per_bag, predicted_after
 from .report.steady import Steady
 from .report.steplog import StepLog
 from .report import add_reshard, add_window, close_segment, new_story, open_segment
 from .report.notices import drift_notice, reshard_notice, segment_notice
 
 __all__ = ["Trainer", "plan_to_json", "plan_from_json"]
-
-_EVAL_START = 1 << 40   # synthetic eval examples come from far beyond any training cursor
-
 
 def open_click_logs_folder(folder: str):
     """A prepared folder, every row addressable on every rank (its rows are memory-mapped)."""
@@ -337,7 +334,7 @@ class Trainer:
             "step": self.step, "status": res.status, "reason": res.reason, "changes": plan_to_json(res.changes),
             "measured_before": before, "memory_before": old.memory, "memory_after": new.memory,
             "estimated_before": old.cost, "estimated_after": new.cost, "stats": res.stats,
-            "predicted_after": _predicted(stats, res.plan, planner, self.tables),
+            "predicted_after": predicted_after(stats, res.plan, planner, self.tables),
             "step_ms_before": self.story["windows"][-1]["step_ms"], "window_before": [first, self.step],
             "plan_after": plan_to_json(res.plan)})
         self.plan, self.reshard_state = res.plan, "done"
@@ -372,18 +369,10 @@ class Trainer:
     def evaluate(self) -> float:
         """AUC of the final model on the held-out rows (``self.eval_source`` says which): all of them,
         batched, each rank its share, unless ``--eval-rows`` caps them; sets ``self.eval_rows``."""
-        from .evaluate import SYNTHETIC_EVAL_ROWS, evaluate, held_out_parts, text_parts
+        from .evaluate import eval_parts, evaluate
 
-        cap, r, w = self.cfg.eval_rows, self.rank, self.world
-        if self.eval_paths is not None:
-            parts = text_parts(self.eval_paths, r, w, cap, self.cfg.skip_bad_lines)
-        elif self.eval_data is not None:
-            parts = held_out_parts(self.eval_data, r, w, cap)
-        elif isinstance(self.data, (SyntheticClicks, DriftingClicks)):
-            parts = held_out_parts(self.data, r, w, cap or SYNTHETIC_EVAL_ROWS, offset=_EVAL_START)
-        else:   # no held-out set: the first rows of --data (trained on), one batch per rank
-            n = max((cap or SYNTHETIC_EVAL_ROWS) // w, 1)
-            parts = iter([self.data.batch(r * n, n)])
+        parts = eval_parts(self.data, self.eval_data, self.eval_paths, self.cfg.eval_rows, self.rank, self.world,
+                           self.cfg.skip_bad_lines)
         # a drifted log's batches carry extra ids per bag: it builds their model inputs itself
         to_inputs = self.data.inputs_of if isinstance(self.data, DriftingClicks) else to_model_inputs
         res = evaluate(self.sparse, self.dense, parts, self.cards, self.device, self.eval_vocab, to_inputs)
@@ -406,10 +395,3 @@ class Trainer:
         metrics = build_metrics(self, eval_auc, seen0)
         write_report(self.cfg.out, metrics, self)
         return metrics
-
-
-def _predicted(stats, plan: dict, planner, tables) -> list:
-    """Per-rank measured load of the last window had ``plan`` been in force (the load model's figure)."""
-    from .reshard import predicted_load
-
-    return predicted_load(stats, plan, planner.estimate(plan, tables))

@@ -18,7 +18,7 @@ from typing import Optional
 
 from ..embedding import ShardingType, propose_rebalance, reshard
 
-__all__ = ["ReshardResult", "live_reshard", "fit_memory", "measured_ids_per_bag", "predicted_load",
+__all__ = ["ReshardResult", "live_reshard", "fit_memory", "measured_ids_per_bag", "predicted_load", "predicted_after",
            "propose_changes"]
 
 
@@ -136,6 +136,11 @@ def predicted_load(stats, plan: dict, est) -> list:
         for r, x in enumerate(t.rank_load(boxes, plan[t.name].sharding_type, stats.world_size)):
             out[r] += x
     return out
+
+
+def predicted_after(stats, plan: dict, planner, tables) -> list:
+    """Per-rank measured load of the last window had ``plan`` been in force (the load model's figure)."""
+    return predicted_load(stats, plan, planner.estimate(plan, tables))
 
 
 def fit_memory(changes: dict, plan: dict, stats, planner, tables) -> tuple[dict, str]:

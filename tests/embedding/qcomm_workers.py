@@ -103,7 +103,7 @@ def sequence_with_qcomm(rank, world):
 def mismatched_registry(rank, world):
     """Rank 1 asks for fp16, rank 0 for nothing: every rank raises the same error, through shard()'s
     digest and through use_qcomm() on a built module (DMP's way in); the same registry everywhere works."""
-    from shardwise.embedding.sharded_api import use_qcomm
+    from shardwise.embedding.torchrec_api.sharded_api import use_qcomm
 
     mine = registry("fp16") if rank == 1 else None
     out = []

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from shardwise.embedding import EmbeddingBagConfig
-from shardwise.embedding.fused_collection import FusedEmbeddingBagCollection
+from shardwise.embedding.torchrec_api.fused_collection import FusedEmbeddingBagCollection
 from shardwise.embedding.qcomm import CommType, QCommsConfig, get_qcomm_codecs_registry
 from shardwise.sparse import KeyedJaggedTensor
 

@@ -83,6 +83,6 @@ def mesh_for(env, device, mesh, who: str):
         if not isinstance(env, ShardingEnv):
             raise TypeError(f"{who}: env must be a ShardingEnv (e.g. ShardingEnv.from_process_group(pg)), got "
                             f"{type(env).__name__}; pass a plan by keyword: plan=...")
-        from .._device import default_group_device_type
+        from ..._device import default_group_device_type
         return env.mesh(device.type if device is not None else default_group_device_type(), who)
     return None

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, RowWiseAdagrad
-from shardwise.embedding.fused_collection import FusedEmbeddingBagCollection
+from shardwise.embedding.torchrec_api.fused_collection import FusedEmbeddingBagCollection
 from shardwise.sparse import KeyedJaggedTensor
 
 TABLES = [EmbeddingBagConfig(12, 4, "t_sum", feature_names=["a", "b"]),

@@ -31,9 +31,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .collection.bag_collection import EmbeddingBagCollection
-from .collection.config import EmbeddingBagConfig
-from .optim.rules import STATE_DTYPE, resolve_optimizer
+from ..collection.bag_collection import EmbeddingBagCollection
+from ..collection.config import EmbeddingBagConfig
+from ..optim.rules import STATE_DTYPE, resolve_optimizer
 
 __all__ = ["FusedEmbeddingBagCollection", "FusedTablesOptimizer"]
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig
-from shardwise.embedding.compute_kernel import EmbeddingComputeKernel, check_compute_kernel
+from shardwise.embedding.torchrec_api.compute_kernel import EmbeddingComputeKernel, check_compute_kernel
 from shardwise.embedding.inference import QuantConfig, QuantEmbeddingBagCollection, Tracer, shard_modules
 
 

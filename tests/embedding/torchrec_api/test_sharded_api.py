@@ -6,8 +6,8 @@ import torch
 from shardwise.embedding.awaitable import Awaitable, LazyAwaitable, LazyNoWait, NoWait
 from shardwise.testing import run_on_ranks
 
-from . import common
-from .workers import mesh_for
+from .. import common
+from ..workers import mesh_for
 
 
 class _Ones(LazyAwaitable):   # the introduction tutorial's ExampleAwaitable

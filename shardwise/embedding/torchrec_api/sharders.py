@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .collection.bag_collection import EmbeddingBagCollection
-from .collection.embedding_collection import EmbeddingCollection
-from .plan.values import ShardingType
+from ..collection.bag_collection import EmbeddingBagCollection
+from ..collection.embedding_collection import EmbeddingCollection
+from ..plan.values import ShardingType
 
 __all__ = ["ModuleSharder", "EmbeddingBagCollectionSharder", "EmbeddingCollectionSharder"]
 
@@ -55,7 +55,7 @@ class ModuleSharder:
 
     def shardable_parameters(self, module) -> dict:
         """``{table: weight}`` of an unsharded ``module`` (TorchRec's)."""
-        from .shard_source import table_weight
+        from ..shard_source import table_weight
         return {t.name: table_weight(module, t.name) for t in module.tables}
 
     def shard(self, module, params: dict, env=None, device=None, module_fqn: Optional[str] = None):
@@ -72,10 +72,10 @@ class ModuleSharder:
             >>> sharder.shard(ebc, {"t": table_wise(0)}, ShardingEnv.from_process_group(dist.group.WORLD)).fused_optimizer
             FusedOptimizer(SGD(lr=0.1) for ['t'])
         """
-        from .model_parallel import _settings
-        from .shard_api import check_plan, shard_resolved
+        from ..model_parallel import _settings
+        from ..shard_api import check_plan, shard_resolved
         from .sharding_env import mesh_for
-        from .topology import MeshTopology
+        from ..topology import MeshTopology
 
         who = f"{type(self).__name__}.shard"
         if not isinstance(module, self.module_type):

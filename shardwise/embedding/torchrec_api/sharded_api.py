@@ -26,10 +26,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .awaitable import Awaitable, LazyNoWait
-from .collection.config import EmbeddingBagConfig
-from .qcomm import check_registry, codecs_digest
-from .sharding.comm import all_gather_ints
+from ..awaitable import Awaitable, LazyNoWait
+from ..collection.config import EmbeddingBagConfig
+from ..qcomm import check_registry, codecs_digest
+from ..sharding.comm import all_gather_ints
 
 __all__ = ["TorchRecShardedAPI", "ShardedModuleContext", "use_qcomm"]
 
