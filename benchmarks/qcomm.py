@@ -7,8 +7,8 @@ log, its seeds, dense part under DDP) with the sharded tables rebuilt from the s
 batches. Per variant, on 2 gloo ranks:
 
 - ``wire_bytes_per_step``: bytes of the embedding output collectives (forward values + backward
-  gradients), summed over ranks, counted on the first ``--count-steps`` steps (every float buffer that
-  ``embedding/sharding/comm.py`` hands to torch.distributed);
+  gradients), summed over ranks, counted on the first ``--count-steps`` steps (every fp32/fp16/bf16 buffer that
+  ``embedding/sharding/comm.py`` hands to torch.distributed, by tests/embedding/qcomm_workers.py's counter);
 - ``ms_per_step``: median over blocks of 50 steps of the slowest rank's mean step time (variants
   train in blocks whose order rotates, so load from other processes falls on all of them alike);
 - ``loss_last``: global mean loss averaged over the last 50 steps, and ``loss_diff_pct`` against fp32's.
@@ -30,40 +30,12 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from _launch import emit, spawn  # noqa: E402
 
 VARIANTS = {"fp32": (None, None), "fp16": ("FP16", "FP16"), "bf16": ("BF16", "BF16"),
             "fp16_fwd+bf16_bwd": ("FP16", "BF16")}
 BLOCK = 50
-
-
-@contextlib.contextmanager
-def wire_bytes():
-    """Bytes of float buffers the embedding output collectives send (this rank), while inside."""
-    from shardwise.embedding.sharding import comm
-
-    real, count = comm.dist, [0]
-
-    def spy(name):
-        def call(out, inp, *args, **kwargs):
-            if inp.is_floating_point():
-                count[0] += inp.numel() * inp.element_size()
-            return getattr(real, name)(out, inp, *args, **kwargs)
-        return call
-
-    class Spy:
-        all_to_all_single = staticmethod(spy("all_to_all_single"))
-        reduce_scatter_single = staticmethod(spy("reduce_scatter_single"))
-        all_gather_single = staticmethod(spy("all_gather_single"))
-
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-    comm.dist = Spy()
-    try:
-        yield count
-    finally:
-        comm.dist = real
 
 
 def _trainer(variant: str, tmp: str):
@@ -102,13 +74,15 @@ def _slowest(x: float) -> float:
 
 def _block(tr, state: dict, first: int, count_steps: int) -> float:
     """Train ``BLOCK`` steps of one variant; the slowest rank's mean ms per step."""
+    from tests.embedding.qcomm_workers import wire_bytes  # the tests' count, per collective kind
+
     b = tr.cfg.batch_size
     t0 = time.perf_counter()
     for i in range(first, first + BLOCK):
         batch = tr._inputs(tr.cursor + tr.rank * b, b)
-        with wire_bytes() if i < count_steps else contextlib.nullcontext([0]) as sent:
+        with wire_bytes() if i < count_steps else contextlib.nullcontext({}) as sent:
             loss = tr._train_batch(batch)[0]
-        state["bytes"] += sent[0]
+        state["bytes"] += sum(sent.values())
         state["losses"].append(float(loss.detach()))
     return _slowest((time.perf_counter() - t0) / BLOCK * 1e3)
 

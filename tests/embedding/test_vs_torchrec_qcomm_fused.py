@@ -2,8 +2,6 @@
 script runs in TorchRec's own interpreter (torchrec_qcomm_fused_reference.py); skipped with the reason
 when it is absent."""
 
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -14,22 +12,16 @@ from shardwise.embedding.torchrec_api.fused_collection import FusedEmbeddingBagC
 from shardwise.embedding.qcomm import CommType, QCommsConfig, get_qcomm_codecs_registry
 from shardwise.sparse import KeyedJaggedTensor
 
-PEER = Path(os.environ.get("SHARDWISE_TORCHREC_PYTHON", "/work/torchrec-venv/bin/python"))
+from ..torchrec_peer import load_reference
+
 TABLES = [("t_sum", 12, 4, ["a", "b"], "sum"), ("t_mean", 7, 8, ["c"], "mean")]
 OPTIMIZERS = {"sgd": (torch.optim.SGD, {"lr": 0.05}), "adagrad": (torch.optim.Adagrad, {"lr": 0.1, "eps": 1e-8})}
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    if not PEER.exists():
-        pytest.skip(f"no TorchRec interpreter at {PEER} (set SHARDWISE_TORCHREC_PYTHON; "
-                    f"shared/peers/torchrec-venv.sh builds one)")
-    out = tmp_path_factory.mktemp("torchrec") / "ref.pt"
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    env.pop("PYTHONPATH", None)
-    subprocess.run([str(PEER), str(Path(__file__).with_name("torchrec_qcomm_fused_reference.py")), str(out)],
-                   check=True, env=env, timeout=300, capture_output=True)
-    return torch.load(out, weights_only=False)
+    script = Path(__file__).with_name("torchrec_qcomm_fused_reference.py")
+    return load_reference(script, tmp_path_factory.mktemp("torchrec"))
 
 
 def test_codecs_match_torchrec(reference):

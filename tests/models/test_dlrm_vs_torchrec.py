@@ -1,8 +1,6 @@
 """shardwise.models.dlrm against TorchRec 1.8 itself: the reference script runs in TorchRec's own
 interpreter (tests/models/torchrec_reference.py); skipped with the reason when it is absent."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,21 +13,14 @@ from shardwise.models.dlrm import DLRM, DLRM_DCN, DLRM_Projection, DLRMTrain
 from shardwise.modules import MLP, LowRankCrossNet
 from shardwise.sparse import KeyedJaggedTensor
 
-PEER = Path(os.environ.get("SHARDWISE_TORCHREC_PYTHON", "/work/torchrec-venv/bin/python"))
+from ..torchrec_peer import load_reference
+
 D, KEYS = 4, ["f1", "f2", "f3"]
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    if not PEER.exists():
-        pytest.skip(f"no TorchRec interpreter at {PEER} (set SHARDWISE_TORCHREC_PYTHON; "
-                    f"shared/peers/torchrec-venv.sh builds one)")
-    out = tmp_path_factory.mktemp("torchrec") / "ref.pt"
-    script = Path(__file__).with_name("torchrec_reference.py")
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    env.pop("PYTHONPATH", None)
-    subprocess.run([str(PEER), str(script), str(out)], check=True, env=env, timeout=300, capture_output=True)
-    return torch.load(out, weights_only=False)
+    return load_reference(Path(__file__).with_name("torchrec_reference.py"), tmp_path_factory.mktemp("torchrec"))
 
 
 def _ebc():

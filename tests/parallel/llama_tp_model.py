@@ -3,7 +3,8 @@ tied to the embedding) and torchtitan's Llama3 tensor-parallel plan for either l
 attention variants: ``"local"`` (q/k/v handed to attention as local tensors, as Llama3) and ``"heads"``
 (q/k/v stay DTensors sharded over heads, as torchtitan's Qwen3 plan; needs an SDPA sharding rule).
 
-Used by tests/parallel/test_llama_tp.py and benchmarks/llama_tp.py (which imports it by path)."""
+Used by tests/parallel/test_llama_tp.py, test_clip_grad_norm.py, test_loss_parallel.py and
+benchmarks/llama_tp.py (which imports it by path)."""
 
 from __future__ import annotations
 
@@ -116,6 +117,13 @@ class Llama(nn.Module):
             for lin in (layer.attention.wo, layer.feed_forward.w2, layer.feed_forward.w3):
                 nn.init.trunc_normal_(lin.weight, mean=0.0, std=std)
         nn.init.ones_(self.norm.weight)
+
+
+def make(cfg: Config, seed: int = 0) -> Llama:
+    """The single-process model with ``init_weights(seed)``: the reference, or the input to ``parallelize``."""
+    model = Llama(cfg)
+    model.init_weights(seed)
+    return model
 
 
 def tp_plan(lib, cfg: Config, attention: str = "local", loss_parallel: bool = False) -> dict:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from shardwise.testing import run_on_ranks, worker_mesh
 
-from .llama_like import Styles, batch, make, tp_plan
+from .llama_tp_model import Config, Styles, batch, make, parallelize
 
 
 def _backward(model, tokens, labels):
@@ -24,9 +24,9 @@ def _counted_clip(lib, n_layers, mesh, foreach, norm_type):
     from shardwise.tensor import CollectiveCounter
     from torch.distributed.tensor.debug import CommDebugMode
 
-    styles = Styles(lib)
-    model = styles.parallelize_module(make(n_layers), mesh, tp_plan(styles, n_layers))
-    _backward(model, *batch())
+    cfg = Config(n_layers=n_layers)
+    model = parallelize(make(cfg), Styles(lib), mesh)
+    _backward(model, *batch(cfg))
     counter = CollectiveCounter() if lib == "shardwise" else CommDebugMode()
     with counter:
         total = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, norm_type=norm_type, foreach=foreach)
@@ -36,8 +36,9 @@ def _counted_clip(lib, n_layers, mesh, foreach, norm_type):
 
 def clip_counts(rank, world, n_layers, foreach, norm_type):
     mesh = worker_mesh((world,))
-    ref = make(n_layers)
-    _backward(ref, *batch())
+    cfg = Config(n_layers=n_layers)
+    ref = make(cfg)
+    _backward(ref, *batch(cfg))
     ref_total = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5, norm_type=norm_type)
     ours, total, ours_count = _counted_clip("shardwise", n_layers, mesh, foreach, norm_type)
     _, _, torch_count = _counted_clip("torch", n_layers, mesh, foreach, norm_type)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from shardwise.testing import run_on_ranks, worker_mesh
 
-from .llama_tp_model import Config, Llama, Styles, batch, parallelize
+from .llama_tp_model import Config, Llama, Styles, batch, make, parallelize
 
 # Switches for the two pieces from h-28b, both on: loss_parallel (the loss computed on Shard(-1) logits
 # without gathering them, torchtitan's default), and clip_grad_norm_'s default path (foreach=None, as
@@ -26,9 +26,7 @@ STEPS = 3
 
 def _build(lib, cfg, mesh, attention, meta_init):
     if not meta_init:
-        model = Llama(cfg)
-        model.init_weights(0)
-        return parallelize(model, lib, mesh, attention, LOSS_PARALLEL)
+        return parallelize(make(cfg), lib, mesh, attention, LOSS_PARALLEL)
     with torch.device("meta"):
         model = Llama(cfg)
     parallelize(model, lib, mesh, attention, LOSS_PARALLEL)

@@ -195,18 +195,17 @@ def llama_step(rank, world):
     from shardwise.parallel import loss_parallel
     from shardwise.tensor import CollectiveCounter
 
-    from .llama_like import Styles, batch, make, tp_plan
+    from .llama_tp_model import Config, Styles, batch, make, parallelize
 
-    mesh = worker_mesh((world,))
-    tokens, labels = batch()
+    mesh, cfg = worker_mesh((world,)), Config()
+    tokens, labels = batch(cfg)
     labels[0, :3] = -100
-    ref = make(2)
+    ref = make(cfg)
     ref_loss = F.cross_entropy(ref(tokens).flatten(0, 1), labels.flatten())
     ref_loss.backward()
     out = {}
     for lib, block, counter in (("shardwise", loss_parallel, CollectiveCounter), ("torch", torch_loss_parallel, CommDebugMode)):
-        styles = Styles(lib)
-        model = styles.parallelize_module(make(2), mesh, tp_plan(styles, 2, loss_parallel=True))
+        model = parallelize(make(cfg), Styles(lib), mesh, loss_parallel=True)
         with counter() as c, block():
             loss = F.cross_entropy(model(tokens).flatten(0, 1), labels.flatten())
             loss.backward()

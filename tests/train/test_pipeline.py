@@ -15,6 +15,7 @@ from shardwise.testing import run_on_ranks, worker_mesh
 from shardwise.train.pipeline import TrainPipeline
 
 from ..embedding import common
+from .sync_sgd import SyncSGD
 
 DIM = sum(d * len(f) for _, _, d, f, _ in common.TABLES)
 STEPS = 6          # the last batch is shorter (and of another size on every rank)
@@ -38,17 +39,6 @@ class _Model(torch.nn.Module):
         return ((out - target) ** 2).mean(), out
 
 
-class _SyncSGD(torch.optim.SGD):
-    """SGD on gradients averaged over ranks (the dense part is data parallel)."""
-
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                dist.all_reduce(p.grad)
-                p.grad /= dist.get_world_size()
-        return super().step(closure)
-
-
 def _batches(rank, world):
     out = []
     for step in range(STEPS):
@@ -62,7 +52,7 @@ def _train(rank, world, plan, pipelined):
     ebc = common.make_ebc(seed=3)
     sharded = shard(ebc, plan, mesh=worker_mesh((world,)), optimizer=common.ADAGRAD)
     model = _Model(sharded)
-    opt = _SyncSGD(model.top.parameters(), lr=0.1)
+    opt = SyncSGD(model.top.parameters(), lr=0.1)
     losses, data = [], _batches(rank, world)
     if pipelined:
         pipe, it = TrainPipeline(model, opt), iter(data)

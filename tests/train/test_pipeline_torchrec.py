@@ -8,7 +8,6 @@ import functools
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from shardwise.datasets import RandomRecDataset
 from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig, column_wise, row_wise, shard, table_wise
@@ -16,18 +15,9 @@ from shardwise.models.dlrm import DLRM, DLRMTrain
 from shardwise.testing import run_on_ranks, worker_mesh
 from shardwise.train.pipeline import TrainPipelineSparseDist
 
+from .sync_sgd import SyncSGD
+
 KEYS, STEPS = ["f0", "f1", "f2"], 4
-
-
-class _SyncSGD(torch.optim.SGD):
-    """SGD on dense gradients averaged over ranks (the dense part is data parallel)."""
-
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                dist.all_reduce(p.grad)
-                p.grad /= dist.get_world_size()
-        return super().step(closure)
 
 
 def _model(world):
@@ -40,7 +30,7 @@ def _model(world):
         torch.manual_seed(4)
         model = DLRMTrain(DLRM(sharded, 5, [8, 4], [8, 1]))
     dense = [p for n, p in model.named_parameters() if "sparse_arch" not in n]
-    return model, _SyncSGD(dense, lr=0.05)
+    return model, SyncSGD(dense, lr=0.05)
 
 
 def _data(rank):

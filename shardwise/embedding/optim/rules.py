@@ -82,23 +82,24 @@ def adagrad_kernel(weight, acc_state, rows, grad, c):
     weight.index_add_(0, rows, (grad / (acc.sqrt() + c[1]) * -c[0]).to(weight.dtype))
 
 
-def adam_kernel(weight, m_state, v_state, rows, grad, c):
+def _adam_step(m_state, v_state, rows, grad, c):
+    """Both moments of the touched rows updated in place; returns the step before the learning rate."""
     grad = grad * c[-1]
     m = m_state.index_select(0, rows) * c[0] + grad * (1 - c[0])
     v = v_state.index_select(0, rows) * c[1] + grad * grad * (1 - c[1])
     m_state.index_copy_(0, rows, m)
     v_state.index_copy_(0, rows, v)
-    weight.index_add_(0, rows, (m / (v.sqrt() / c[3] + c[4]) * -c[2]).to(weight.dtype))
+    return m / (v.sqrt() / c[3] + c[4])
+
+
+def adam_kernel(weight, m_state, v_state, rows, grad, c):
+    weight.index_add_(0, rows, (_adam_step(m_state, v_state, rows, grad, c) * -c[2]).to(weight.dtype))
 
 
 def adamw_kernel(weight, m_state, v_state, rows, grad, c):
-    grad = grad * c[-1]
-    m = m_state.index_select(0, rows) * c[0] + grad * (1 - c[0])
-    v = v_state.index_select(0, rows) * c[1] + grad * grad * (1 - c[1])
-    m_state.index_copy_(0, rows, m)
-    v_state.index_copy_(0, rows, v)
+    step = _adam_step(m_state, v_state, rows, grad, c)
     decayed = weight.index_select(0, rows) * c[5]
-    weight.index_copy_(0, rows, (decayed - m / (v.sqrt() / c[3] + c[4]) * c[2]).to(weight.dtype))
+    weight.index_copy_(0, rows, (decayed - step * c[2]).to(weight.dtype))
 
 
 def row_wise_adagrad_kernel(weight, acc_state, rows, grad, c):

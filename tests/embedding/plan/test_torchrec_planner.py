@@ -130,18 +130,12 @@ def test_plan_shape_as_torchrecs():
     """TorchRec 1.8's planner itself (its own interpreter; skipped with the reason when absent): the same
     module paths and tables, and each constrained table of the type asked."""
     import json
-    import os
-    import subprocess
     from pathlib import Path
 
-    peer = Path(os.environ.get("SHARDWISE_TORCHREC_PYTHON", "/work/torchrec-venv/bin/python"))
-    if not peer.exists():
-        pytest.skip(f"no TorchRec interpreter at {peer} (set SHARDWISE_TORCHREC_PYTHON)")
-    env = {**os.environ, "PYTHONHASHSEED": "0"}
-    env.pop("PYTHONPATH", None)
-    script = Path(__file__).with_name("torchrec_plan_reference.py")
-    want = json.loads(subprocess.run([str(peer), str(script)], check=True, env=env, timeout=300,
-                                     capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    from ...torchrec_peer import run_reference
+
+    stdout = run_reference(Path(__file__).with_name("torchrec_plan_reference.py"))
+    want = json.loads(stdout.strip().splitlines()[-1])
     constraints = {"t0": ParameterConstraints(sharding_types=["table_wise"]),
                    "t1": ParameterConstraints(sharding_types=["column_wise"]),
                    "t2": ParameterConstraints(sharding_types=["data_parallel"])}
