@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-# the synthetic log drifts at step 300 (four features get 32 ids per example): the live reshard at
+# the synthetic log drifts at step 300 (four features get 128 ids per example): the live reshard at
 # step 500 has an unbalanced plan to fix (docs/reshard.md, "The demo")
 demo: setup
 	$(PY) -m shardwise train --drift-at 300

@@ -69,7 +69,7 @@ class TrainConfig:
     # the synthetic log's drift (train/drift.py): from this step on, drift_features get drift_factor
     # ids per example; None: no drift (the plain stream that benchmarks and golden values use)
     drift_at: Optional[int] = None
-    drift_factor: int = 32
+    drift_factor: int = 128
     drift_features: Optional[list] = None   # None: train/drift.py's DRIFT_FEATURES
 
     def __post_init__(self):

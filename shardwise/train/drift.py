@@ -40,7 +40,7 @@ __all__ = ["DriftingClicks", "DriftedBatch", "DRIFT_FEATURES", "DRIFT_FACTOR"]
 # four mid-sized features: the demo's start-up plan puts them on the same rank, as a plan made
 # before a launch would (nothing told the planner they would grow)
 DRIFT_FEATURES = ("C3", "C7", "C11", "C15")
-DRIFT_FACTOR = 32
+DRIFT_FACTOR = 128
 _SUB_BLOCK = 256
 _CACHED = 9
 

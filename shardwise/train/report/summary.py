@@ -277,7 +277,7 @@ def _loss_figure(m: dict):
 
 
 def _clip_spikes(ax, values: list) -> None:
-    """A loss spike (the drift's first steps: 32 ids summed into one bag) would flatten the rest of the
+    """A loss spike (the drift's first steps: 128 ids summed into one bag) would flatten the rest of the
     curve: the axis stops at 1.5x the 99th percentile, and the axis label gives the clipped peak."""
     xs = sorted(v for v in values if v is not None and math.isfinite(v))
     if len(xs) < 20:
