@@ -1,6 +1,6 @@
 """Running a reference script under TorchRec's own interpreter, for the tests that compare with TorchRec.
 
-The interpreter is $SHARDWISE_TORCHREC_PYTHON or /work/torchrec-venv/bin/python (built by
+The interpreter is $SHARDWISE_TORCHREC_PYTHON or ../torchrec-venv/bin/python next to the repository (built by
 shared/peers/torchrec-venv.sh); without one the calling test is skipped."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-PEER = Path(os.environ.get("SHARDWISE_TORCHREC_PYTHON", "/work/torchrec-venv/bin/python"))
+# default: a venv beside the checkout (torchrec-venv.sh ../torchrec-venv), never a machine-specific path
+_BESIDE = Path(__file__).resolve().parents[2] / "torchrec-venv" / "bin" / "python"
+PEER = Path(os.environ.get("SHARDWISE_TORCHREC_PYTHON", str(_BESIDE)))
 
 
 def run_reference(script: Path, *args) -> str:

@@ -3,7 +3,7 @@ MLP, LowRankCrossNet and RandomRecDataset on fixed seeds, saved as plain tensors
 tests/models/test_dlrm_vs_torchrec.py to compare against shardwise's.
 
 Usage: PYTHONHASHSEED=0 <torchrec venv>/bin/python tests/models/torchrec_reference.py OUT.pt
-(the test finds the interpreter in $SHARDWISE_TORCHREC_PYTHON or /work/torchrec-venv/bin/python).
+(the test finds the interpreter in $SHARDWISE_TORCHREC_PYTHON or ../torchrec-venv/bin/python next to the repository).
 Imports torchrec only; nothing of shardwise.
 """
 
