@@ -6,7 +6,7 @@ Same as ``shardwise train --steps 200 --out example-report``; ``launch`` returns
 """
 
 from shardwise.train import TrainConfig
-from shardwise.train.launch import launch
+from shardwise.train.launching.launch import launch
 
 
 def main() -> None:

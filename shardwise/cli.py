@@ -135,12 +135,12 @@ def _train_parser(sub) -> None:
 def _cmd_train(ns) -> int:
     from .train.checkpoint import resume_point
     from .train.data import check_logs
-    from .train.launch import launch
+    from .train.launching.launch import launch
     from .train.worker import check_output_paths, config_from_args
 
     import torch
 
-    from .train.host import choose_device
+    from .train.launching.host import choose_device
 
     cfg = config_from_args(ns)
     check_output_paths(cfg)
@@ -161,8 +161,8 @@ def _cmd_train(ns) -> int:
     eval_vocabulary(job_tables(cfg).vocabulary, cfg.eval_data)
     if cfg.resume:
         resume_point(cfg)     # so does a missing or mismatched checkpoint
-    from .train.host import host_cores
-    from .train.prelaunch import check_before_launch
+    from .train.launching.host import host_cores
+    from .train.launching.prelaunch import check_before_launch
     from .train.worker import memory_flag
 
     world = ns.nproc_per_node * int(ns.nnodes) if str(ns.nnodes).isdigit() else None
@@ -178,7 +178,7 @@ def _cmd_train(ns) -> int:
     except Exception as e:   # the launcher's ChildFailedError: name the ranks, the causes, the way on
         if type(e).__name__ != "ChildFailedError":
             raise
-        from .train.launch import describe_failure
+        from .train.launching.launch import describe_failure
 
         print(describe_failure(e, cfg, ns.max_restarts), file=sys.stderr)
         return 1

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from shardwise.tensor import DTensor, Partial, Replicate, Shard
 from shardwise.tensor._switch import Switch
-from shardwise.tensor.function_hooks import HOOKS
+from shardwise.tensor.callpath.function_hooks import HOOKS
 from shardwise.tensor.spec import DTensorSpec
 
 from ._loss_kernels import ClassShard, CrossEntropy, LogSoftmax, LossArgs, NllLoss

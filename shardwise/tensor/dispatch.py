@@ -21,7 +21,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from ._switch import Switch
 from .placements import Replicate
-from .plan_cache import PropagationCache, has_tensor, quick_key, seq_key
+from .callpath.plan_cache import PropagationCache, has_tensor, quick_key, seq_key
 from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
 from .propagation.outputs import meta_outputs, outside_kernel
 from .propagation.registry import RuleEntry, is_out_variant, lookup_rule

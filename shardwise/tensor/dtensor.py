@@ -16,10 +16,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from .checks.agreement import check_same_call, checks_enabled
 from .dispatch import GATHER_FALLBACK, OpDispatcher
-from .donation import donatable
-from .fastpath import _SLOW, FAST_PATH, FastPath, make_entry
+from .callpath.donation import donatable
+from .callpath.fastpath import _SLOW, FAST_PATH, FastPath, make_entry
 from .full import full_local
-from .function_hooks import HOOKS as _HOOKS
+from .callpath.function_hooks import HOOKS as _HOOKS
 from .full import grad_placements as _grad_placements
 from .checks.layout import check_device, check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard

@@ -29,10 +29,10 @@ from .drift import DRIFT_FEATURES, DriftingClicks
 from .dense import make_dense_runner
 from .model import DLRMDense, make_ebc, make_tables
 from .report import Progress, console
-from .replan import keep_plan, plan_from_json, plan_to_json
+from .replanning.replan import keep_plan, plan_from_json, plan_to_json
 from .pipeline import TrainPipeline
-from .prelaunch import resumed_batch
-from .reshard import live_reshard, measured_ids_per_bag, predicted_after
+from .launching.prelaunch import resumed_batch
+from .replanning.reshard import live_reshard, measured_ids_per_bag, predicted_after
 from .report.steady import Steady
 from .report.steplog import StepLog
 from .report import add_reshard, add_window, close_segment, new_story, open_segment

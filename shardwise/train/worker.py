@@ -155,12 +155,12 @@ def check_output_paths(cfg: TrainConfig) -> None:
 
 def _init_process_group(timeout_s: float = 600.0, device_type: Optional[str] = None):
     """Join the group the launcher describes in the environment, on ``device_type`` (``cuda``: NCCL on
-    ``cuda:LOCAL_RANK``; ``cpu``: gloo; None: :func:`~shardwise.train.host.choose_device` for this
+    ``cuda:LOCAL_RANK``; ``cpu``: gloo; None: :func:`~shardwise.train.launching.host.choose_device` for this
     machine). A rank that never joins a collective makes the others fail after ``timeout_s`` seconds
     instead of hanging."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from .host import choose_device, local_device
+    from .launching.host import choose_device, local_device
 
     if device_type is None:
         device_type = choose_device(None, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count())
@@ -183,7 +183,7 @@ def _init_process_group(timeout_s: float = 600.0, device_type: Optional[str] = N
 
 def _set_threads(cfg: TrainConfig, mesh) -> int:
     """Share the host's cores among the ranks on it (``--threads`` wins); collective."""
-    from .host import host_cores, ranks_on_this_host, threads_per_process
+    from .launching.host import host_cores, ranks_on_this_host, threads_per_process
 
     device = torch.device(mesh.device_type, torch.cuda.current_device()) if mesh.device_type == "cuda" \
         else torch.device("cpu")
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
         p.error("not launched by torchrun (no RANK in the environment); use `shardwise train` locally or "
                 "`torchrun --nproc-per-node N -m shardwise.train.worker ...`")
     check_output_paths(cfg)
-    from .host import choose_device
+    from .launching.host import choose_device
 
     try:   # the same device on every rank of this machine, decided before the group starts
         cfg.device = choose_device(cfg.device, int(os.environ.get("LOCAL_WORLD_SIZE", "1")), torch.cuda.device_count())

@@ -39,7 +39,7 @@ def test_a_thread_learning_a_fast_path_call_records_only_its_own_ops():
 
 
 def test_plan_cache_eviction_from_many_threads():
-    from shardwise.tensor.plan_cache import PropagationCache
+    from shardwise.tensor.callpath.plan_cache import PropagationCache
 
     cache, errors = PropagationCache(max_size=8), []
 

@@ -10,7 +10,7 @@ import pytest
 
 from shardwise.cli import _is_ratio_line, main
 from shardwise.train.data import SyntheticClicks, default_cardinalities
-from shardwise.train.host import host_cores
+from shardwise.train.launching.host import host_cores
 
 
 @pytest.mark.parametrize("cmd", [[], ["train"], ["plan"], ["bench"], ["validate"]])

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from shardwise.tensor import embedding_index_check, fast_path, gather_fallback, rank_checks
 from shardwise.tensor.checks.agreement import checks_enabled
 from shardwise.tensor.dispatch import GATHER_FALLBACK
-from shardwise.tensor.fastpath import FAST_PATH
+from shardwise.tensor.callpath.fastpath import FAST_PATH
 from shardwise.tensor.ops.nn.embedding import _CHECK
 from shardwise.testing.harness import run_on_ranks, worker_mesh
 

@@ -10,7 +10,7 @@ import pytest
 
 from shardwise.cli import main
 from shardwise.train import TrainConfig
-from shardwise.train.prelaunch import cores_warning, resumed_batch
+from shardwise.train.launching.prelaunch import cores_warning, resumed_batch
 
 GOOD = "\t".join(["1"] + ["3"] * 13 + ["a1"] * 26)
 
@@ -18,7 +18,7 @@ GOOD = "\t".join(["1"] + ["3"] * 13 + ["a1"] * 26)
 @pytest.fixture
 def launches(monkeypatch):
     """No worker starts: the launch records the config it was given and returns rank 0's metrics."""
-    import shardwise.train.launch as launch_mod
+    import shardwise.train.launching.launch as launch_mod
 
     seen = []
 
@@ -87,7 +87,7 @@ def test_resume_with_other_table_sizes_names_the_features(tmp_path, capsys, laun
 
 
 def test_more_processes_than_cores_warn(tmp_path, capsys, launches, monkeypatch):
-    import shardwise.train.host as host
+    import shardwise.train.launching.host as host
 
     monkeypatch.setattr(host, "host_cores", lambda: 2)
     assert main(["train", "--out", str(tmp_path / "r"), "--quiet", "--nproc-per-node", "8"]) == 0

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import shardwise.train.launch as launch_mod
+import shardwise.train.launching.launch as launch_mod
 from shardwise.cli import THP_ENV, main
 
 # what a worker sees: the variable, and whether a 64 MiB tensor it wrote sits on huge pages

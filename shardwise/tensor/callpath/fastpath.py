@@ -18,7 +18,7 @@ import threading
 
 import torch
 
-from .dispatch import _FAST_PATH_ON, _MAKE, _STRIDED, FAST_PATH, OpDispatcher
+from ..dispatch import _FAST_PATH_ON, _MAKE, _STRIDED, FAST_PATH, OpDispatcher
 from .plan_cache import has_tensor, seq_key
 
 _SCALARS = (int, float, bool)

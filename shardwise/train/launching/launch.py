@@ -12,8 +12,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from .config import TrainConfig
-from .worker import run_worker
+from ..config import TrainConfig
+from ..worker import run_worker
 
 __all__ = ["launch", "describe_failure", "quiet_launcher_errors"]
 
@@ -125,7 +125,7 @@ def _save_tracebacks(err, cfg: TrainConfig) -> Optional[str]:
 def _way_on(err, cfg: TrainConfig) -> str:
     """How to go on. An input error comes back on --resume (the same line, the same setting): say
     what to change instead."""
-    from .checkpoint import latest
+    from ..checkpoint import latest
 
     msgs = [_message(f) for f in err.failures.values()]
     if any("--skip-bad-lines" in m for m in msgs):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .config import TrainConfig
+from ..config import TrainConfig
 
 __all__ = ["resumed_batch", "cores_warning", "check_memory", "check_before_launch"]
 
@@ -49,8 +49,8 @@ def cores_warning(processes: int, cores: int) -> Optional[str]:
 
 
 def _tables(cfg: TrainConfig) -> list:
-    from .model import make_tables
-    from .sizes import job_tables
+    from ..model import make_tables
+    from ..sizes import job_tables
 
     return make_tables(job_tables(cfg).sizes, cfg.dim)   # the sizes the job will use (flags or the data)
 
@@ -60,9 +60,9 @@ def check_memory(cfg: TrainConfig, world: int, flag: str = "--memory-per-rank") 
     ``world`` ranks: names ``flag`` and what the tables need in all (weights + Adagrad state)."""
     if cfg.memory_per_rank_mb is None:
         return
-    from ..embedding import GreedyShardingPlanner, ShardingType
-    from ..embedding.plan import ShardBox
-    from .config import JOB_SHARDING_TYPES
+    from ...embedding import GreedyShardingPlanner, ShardingType
+    from ...embedding.plan import ShardBox
+    from ..config import JOB_SHARDING_TYPES
 
     tables = _tables(cfg)
     budget = int(cfg.memory_per_rank_mb * 2**20)
@@ -99,7 +99,7 @@ def check_before_launch(cfg: TrainConfig, world: Optional[int], local_processes:
     if world is not None:
         check_memory(cfg, world, memory_flag)
     if cfg.resume and world is not None:
-        from .checkpoint import latest, read_meta
+        from ..checkpoint import latest, read_meta
         import json
 
         meta = read_meta(latest(cfg.checkpoint_path))

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from ..embedding import ParameterSharding, ShardingType, data_parallel, row_wise, table_wise
+from ...embedding import ParameterSharding, ShardingType, data_parallel, row_wise, table_wise
 
 __all__ = ["keep_plan", "describe", "placements", "plan_to_json", "plan_from_json"]
 

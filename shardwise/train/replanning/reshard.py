@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..embedding import ShardingType, propose_rebalance, reshard
+from ...embedding import ShardingType, propose_rebalance, reshard
 
 __all__ = ["ReshardResult", "live_reshard", "fit_memory", "measured_ids_per_bag", "predicted_load", "predicted_after",
            "propose_changes"]

@@ -180,7 +180,7 @@ def _segment_title(seg: dict) -> str:
 
 def _plans_markdown(tr) -> str:
     """The plan at each segment's start and after each reshard, a table only where it changed."""
-    from ..replan import placements, plan_from_json
+    from ..replanning.replan import placements, plan_from_json
 
     md, shown = ["# Sharding plans of the run", ""], None
     for seg in tr.story["segments"]:

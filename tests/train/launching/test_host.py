@@ -7,7 +7,7 @@ import torch
 
 from shardwise.testing import run_on_ranks
 from shardwise.train.config import TrainConfig
-from shardwise.train.host import choose_device, host_cores, ranks_on_this_host, threads_per_process
+from shardwise.train.launching.host import choose_device, host_cores, ranks_on_this_host, threads_per_process
 from shardwise.train.worker import add_train_arguments, config_from_args
 
 

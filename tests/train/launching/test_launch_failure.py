@@ -7,7 +7,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 
 from shardwise.train import checkpoint as ckpt
 from shardwise.train.config import TrainConfig
-from shardwise.train.launch import describe_failure
+from shardwise.train.launching.launch import describe_failure
 
 
 def _error_file(tmp_path, text):

@@ -3,7 +3,7 @@
 import pytest
 
 from shardwise.embedding import EmbeddingBagConfig, GreedyShardingPlanner, data_parallel, row_wise, table_wise
-from shardwise.train.replan import describe, keep_plan, placements
+from shardwise.train.replanning.replan import describe, keep_plan, placements
 from shardwise.train.report import add_window, new_story, open_segment, run_counts
 
 _TABLES = [EmbeddingBagConfig(name=f"t{i}", num_embeddings=1000 * (i + 1), embedding_dim=8, feature_names=[f"f{i}"]) for i in range(5)]

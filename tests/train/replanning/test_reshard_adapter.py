@@ -9,7 +9,7 @@ from shardwise.embedding import (
 )
 from shardwise.sparse import KeyedJaggedTensor
 from shardwise.testing import run_on_ranks
-from shardwise.train.reshard import live_reshard
+from shardwise.train.replanning.reshard import live_reshard
 
 
 def _norm(plan, world):

@@ -12,7 +12,7 @@ from shardwise.embedding import (
 from shardwise.embedding.reshard import LoadStats, TableLoad
 from shardwise.embedding.reshard.rebalance import _Cfg
 from shardwise.embedding.sharding import SHARDERS, LayoutTopology
-from shardwise.train.reshard import measured_ids_per_bag, propose_changes
+from shardwise.train.replanning.reshard import measured_ids_per_bag, propose_changes
 
 _TYPES = ("table_wise", "row_wise", "column_wise", "data_parallel")
 
