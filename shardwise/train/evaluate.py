@@ -107,8 +107,12 @@ def eval_parts(data, eval_data, eval_paths: Optional[list], cap: Optional[int], 
         return held_out_parts(eval_data, rank, world, cap)
     if isinstance(data, (SyntheticClicks, DriftingClicks)):
         return held_out_parts(data, rank, world, cap or SYNTHETIC_EVAL_ROWS, offset=_EVAL_START)
-    # no held-out set: the first rows of --data (trained on), one batch per rank
-    n = max((cap or SYNTHETIC_EVAL_ROWS) // world, 1)
+    # no held-out set: the first rows of --data (trained on), once each: a folder shorter than the cap
+    # is not read round again (its wrapped rows would be counted, and scored, twice)
+    rows = cap or SYNTHETIC_EVAL_ROWS
+    if hasattr(data, "__len__"):
+        return held_out_parts(data, rank, world, min(rows, len(data)))
+    n = max(rows // world, 1)
     return iter([data.batch(rank * n, n)])
 
 

@@ -146,3 +146,23 @@ def test_eval_rows_flag(capsys):
     raw.pop("eval_rows")
     raw["eval_examples"] = 4096
     assert TrainConfig.from_json(json.dumps(raw)).eval_rows == 4096
+
+
+def test_without_a_held_out_set_a_short_folder_is_scored_once_not_round_again():
+    """No --eval-data / --eval-fraction: the first rows of --data, each once, even when the folder is
+    shorter than the 8192-row default (a wrapping reader would count and score rows twice)."""
+    from shardwise.train.evaluate import eval_parts
+
+    class Short:   # 3000 rows, reads wrap past the end as a prepared folder's rows do
+        def __len__(self):
+            return 3000
+
+        def batch(self, start, count):
+            return _rows(start, start + count)
+
+    for world in (1, 2, 3):
+        parts = [list(eval_parts(Short(), None, None, None, r, world, False)) for r in range(world)]
+        rows = [int(x) for p in parts for b in p for x in b.labels]
+        assert len(rows) == 3000, (world, len(rows))
+    capped = [b for r in range(2) for b in eval_parts(Short(), None, None, 1000, r, 2, False)]
+    assert sum(len(b.labels) for b in capped) == 1000
