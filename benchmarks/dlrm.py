@@ -160,7 +160,11 @@ def _stepper(variant: str, tr):
             yield tr._inputs(cursor + tr.rank * b, b)
             cursor += tr.world * b
     pipe, it = TrainPipeline(step=tr._train_batch, sharded=tr.sparse), batches()
-    return lambda: pipe.progress(it)
+
+    def step():
+        return pipe.progress(it)
+    step.drain = pipe.drain   # collective: finish the prefetched batch's input dist before other collectives
+    return step
 
 
 def run_shardwise(rank, world, args, blob_path, tmp, plan_json=None):
@@ -176,6 +180,8 @@ def run_shardwise(rank, world, args, blob_path, tmp, plan_json=None):
     fns = {v: _stepper(v, tr) for v, tr in trainers.items()}
     losses = {v: [mean_loss(fns[v]()[0]) for _ in range(args.check_steps)] for v in trainers}
     ms = timed(fns, args.blocks, args.inner, args.warmup)
+    for fn in fns.values():
+        getattr(fn, "drain", lambda: None)()
     plans = {v: _plan_summary(tr.plan) for v, tr in trainers.items()}
     # what this rank must hold: every variant's table shards with their Adagrad state, the dense
     # parts with Adam's state, and the batches
