@@ -7,16 +7,23 @@ Adam lr 0.003, batch 256 per rank, world 2. This interpreter pre-generates the b
 job's synthetic log (the same examples each rank reads in the job) and the initial weights (the
 job's seeds) into one file that both libraries load.
 
-- shardwise: the job's own ``Trainer`` (its planner, its dense runner, its step) fed the
-  pre-generated batches, in variants: the planner's plan or all table-wise, dense ``compile``
-  (``replicate``) or ``ddp``; a ``+compiled`` suffix (e.g. ``planner+ddp+compiled``, not run by
-  default) runs the tables' fused update through ``torch.compile`` (``compile_optimizer=True``).
-  ``job_default`` marks the variant the job runs by default.
+- shardwise: the job's own ``Trainer`` (its dense runner, its step) fed the pre-generated batches, in
+  variants: the planner's plan (the plan the job itself chose in the same round, which runs first: the
+  planner's cost figures are measured at start-up, so two launches on a loaded machine can plan
+  differently) or all table-wise, dense ``compile`` (``replicate``) or ``ddp``; a ``+pipelined`` suffix
+  runs that step through the job's own ``TrainPipeline`` (the next batch's input dist overlapping the
+  step, as in the job), still on the pre-generated batches; a ``+compiled`` suffix (e.g.
+  ``planner+ddp+compiled``, not run by default) runs the tables' fused update through ``torch.compile``
+  (``compile_optimizer=True``). ``job_default`` marks the variants of the job's default dense mode.
 - TorchRec: ``DistributedModelParallel`` with its own planner, the dense part under its DDP, the
   tables' Adagrad fused in backward; a plain loop and ``TrainPipelineSparseDist``.
-- ``shardwise train`` with its defaults (data generated on the fly, progress logging, checkpoints,
-  the live reshard): its steady-state examples/s (``metrics.json``'s steady-state field where the
-  job writes one, else its whole-run rate, which also pays for checkpoints and the reshard).
+- ``shardwise train`` itself, launched the way users run it (the CLI, with its defaults: data generated
+  on the fly, progress logging, checkpoints, the live reshard; ``--quiet``): its ``ms_per_step`` is the
+  median over blocks of 20 consecutive training steps of each block's mean (``metrics.json``'s
+  ``throughput.steady.block_ms``: the statistic taken of the library step and of TorchRec's loops; start-up
+  steps, the step after the reshard and checkpoint steps left out), next to its mean over every
+  training step and its whole-run rate (which also pays for the checkpoint saves and the reshard), and
+  each rank's peak RSS as the job reports it.
 
 Every library line carries each rank's peak RSS next to what that rank must hold
 (``peak_rss_mib_per_rank``, ``held_mib_per_rank``: its table shards with their Adagrad state, the dense
@@ -25,7 +32,12 @@ variant, TorchRec's plain and pipelined ones).
 
 One round = one launch of each; variants inside a launch run in rotating blocks of steps; every
 block time is the slowest rank's. Ratios are medians over rounds of per-round ratios (paired), so
-load from other processes hits both sides alike. ``loss_first_steps`` (global mean loss of the first
+load from other processes hits both sides alike; the summary pairs the job with its own library step
+(``ratio_shardwise_train/library_step``: the job's default variant, plain; ``.../library_step_pipelined``)
+and with TorchRec's best loop of the same round. Every line carries the machine's load average when it
+was printed (``load_avg``: 1, 5, 15 minutes). Every process runs with ``THP_MEM_ALLOC_ENABLE=1``, as
+``shardwise train`` starts its workers (``--thp 0`` for 4 KiB pages everywhere; a value already in the
+environment wins, as it does for the job). ``loss_first_steps`` (global mean loss of the first
 steps from the initial weights) must agree between the libraries: the same model, weights and data.
 
     .venv/bin/python benchmarks/dlrm.py --torchrec-python ../torchrec-venv/bin/python  # ../shared/peers/torchrec-venv.sh
@@ -55,7 +67,8 @@ from _dlrm_torchrec import local_bytes, mean_loss, run_torchrec, timed  # noqa: 
 from _launch import emit, rss_per_rank, spawn  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ("planner+compile", "planner+ddp", "table_wise+ddp")
+VARIANTS = ("planner+compile", "planner+ddp", "planner+ddp+pipelined", "table_wise+ddp")
+THP_ENV = "THP_MEM_ALLOC_ENABLE"   # shardwise.cli.THP_ENV: what `shardwise train` starts its workers with
 
 
 # ---- shared data --------------------------------------------------------------------------------
@@ -90,8 +103,13 @@ def prepare(path: str, world: int, batch: int, count: int) -> dict:
 
 
 # ---- shardwise ----------------------------------------------------------------------------------
-def _shardwise_trainer(variant: str, blob: dict, batches: list, tmp: str):
+def _shardwise_trainer(variant: str, blob: dict, batches: list, tmp: str, plan_json=None):
+    """The job's ``Trainer`` for ``variant``; ``planner`` variants take ``plan_json`` where given (the
+    plan the job itself chose this round: the planner's cost figures are measured at start-up, so two
+    launches on a loaded machine can plan differently)."""
     from torch.distributed.device_mesh import init_device_mesh
+
+    from shardwise.train.replanning.replan import plan_from_json
 
     from shardwise.embedding import shard, table_wise
     from shardwise.sparse import KeyedJaggedTensor
@@ -100,12 +118,16 @@ def _shardwise_trainer(variant: str, blob: dict, batches: list, tmp: str):
     from shardwise.train.model import make_ebc
 
     plan_kind, dense_mode, *rest = variant.split("+")
+    rest = [r for r in rest if r != "pipelined"]
     cfg = TrainConfig(steps=1 << 30, quiet=True, checkpoint_every=0, reshard_at=0, dense_parallel=dense_mode,
                       out=os.path.join(tmp, variant))
     tr = Trainer(cfg, init_device_mesh("cpu", (dist.get_world_size(),)))
-    if plan_kind == "table_wise" or rest == ["compiled"]:   # +compiled: the torch.compile'd EBC update
+    given = plan_kind == "planner" and plan_json is not None
+    if plan_kind == "table_wise" or rest == ["compiled"] or given:   # +compiled: the torch.compile'd EBC update
         if plan_kind == "table_wise":
             tr.plan = {t.name: table_wise(i % tr.world) for i, t in enumerate(tr.tables)}
+        elif given:
+            tr.plan = plan_from_json(plan_json)
         import functools
         tr.sparse = shard(make_ebc(tr.cards, cfg.dim, cfg.seed), tr.plan, mesh=tr.mesh,
                           optimizer=functools.partial(torch.optim.Adagrad, lr=cfg.lr_sparse),
@@ -124,13 +146,42 @@ def _job_step(tr):
     return tr._train_batch(tr._inputs(tr.cursor + tr.rank * b, b))
 
 
-def run_shardwise(rank, world, args, blob_path, tmp):
+def _stepper(variant: str, tr):
+    """One training step of ``variant`` per call: the plain step, or the job's ``TrainPipeline`` over
+    the same pre-generated batches in the same order (``+pipelined``)."""
+    if "pipelined" not in variant.split("+"):
+        return lambda: _job_step(tr)
+    from shardwise.train.pipeline import TrainPipeline
+
+    def batches():
+        b = tr.cfg.batch_size
+        cursor = tr.cursor
+        while True:   # the batch of the step the pipeline fetches, one ahead of the step it trains
+            yield tr._inputs(cursor + tr.rank * b, b)
+            cursor += tr.world * b
+    pipe, it = TrainPipeline(step=tr._train_batch, sharded=tr.sparse), batches()
+
+    def step():
+        return pipe.progress(it)
+    step.drain = pipe.drain   # collective: finish the prefetched batch's input dist before other collectives
+    return step
+
+
+def run_shardwise(rank, world, args, blob_path, tmp, plan_json=None):
+    from shardwise.train.replanning.replan import plan_to_json
+
     blob = torch.load(blob_path, weights_only=False)
     batches = blob["batches"][rank]
-    trainers = {v: _shardwise_trainer(v, blob, batches, tmp) for v in args.variants}
-    losses = {v: [mean_loss(_job_step(tr)[0]) for _ in range(args.check_steps)] for v, tr in trainers.items()}
-    fns = {v: (lambda tr=tr: _job_step(tr)) for v, tr in trainers.items()}
+    trainers = {}
+    for v in args.variants:   # every planner variant on one plan: the job's, else the first one's
+        trainers[v] = _shardwise_trainer(v, blob, batches, tmp, plan_json)
+        if plan_json is None and v.startswith("planner+"):
+            plan_json = plan_to_json(trainers[v].plan)
+    fns = {v: _stepper(v, tr) for v, tr in trainers.items()}
+    losses = {v: [mean_loss(fns[v]()[0]) for _ in range(args.check_steps)] for v in trainers}
     ms = timed(fns, args.blocks, args.inner, args.warmup)
+    for fn in fns.values():
+        getattr(fn, "drain", lambda: None)()
     plans = {v: _plan_summary(tr.plan) for v, tr in trainers.items()}
     # what this rank must hold: every variant's table shards with their Adagrad state, the dense
     # parts with Adam's state, and the batches
@@ -148,19 +199,8 @@ def _plan_summary(plan: dict) -> dict:
 
 
 # ---- shardwise train itself -----------------------------------------------------------------------
-def _find_steady(metrics) -> float | None:
-    """A steady-state examples/s field of metrics.json, wherever the job puts it."""
-    if isinstance(metrics, dict):
-        for k, v in metrics.items():
-            if "steady" in k and isinstance(v, (int, float)) and not isinstance(v, bool):
-                return float(v)
-            found = _find_steady(v)
-            if found is not None:
-                return found
-    return None
-
-
 def run_job(args, tmp: str) -> dict:
+    """``shardwise train`` as users run it (the CLI; ``--quiet``), its figures read from metrics.json."""
     out = os.path.join(tmp, "job")
     cmd = [sys.executable, "-m", "shardwise", "train", "--out", out, "--quiet", "--nproc-per-node", str(args.world)]
     cmd += ["--steps", str(args.job_steps)] if args.job_steps else []
@@ -172,13 +212,29 @@ def run_job(args, tmp: str) -> dict:
         raise RuntimeError(f"shardwise train failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(os.path.join(out, "metrics.json")) as f:
         metrics = json.load(f)
-    field = _find_steady(metrics)
-    # without a steady-state field: the job's whole-run rate from the end of step 1, which also
-    # pays for the checkpoint saves and the live reshard (a lower bound on the steady state)
-    rate = field if field is not None else metrics["throughput"]["examples_per_s"]
-    return {"examples_per_s": rate, "source": "steady-state field" if field is not None else
+    thr = metrics["throughput"]
+    steady = thr.get("steady") or {}
+    per_step = args.world * args.batch
+    # blocks of 20 counted steps, the median of their means: what the library lines take; a job
+    # too short for one block falls back to the mean over its counted steps, then its whole-run rate
+    block, mean = steady.get("block_ms"), thr.get("steady_examples_per_s")
+    ms = block if block else per_step / (mean or thr["examples_per_s"]) * 1e3
+    return {"ms_per_step": round(ms, 2), "examples_per_s": round(per_step / ms * 1e3),
+            "source": "median of 20-step blocks" if block else "mean over training steps" if mean else
             "whole-run rate (includes checkpoints and the reshard)",
-            "wall_s": round(wall, 1), "steps": metrics["config"]["steps"]}
+            "steady_mean_examples_per_s": round(mean) if mean else None,
+            "whole_run_examples_per_s": round(thr["examples_per_s"]) if thr.get("examples_per_s") else None,
+            "steps_counted": steady.get("steps_counted"), "steps": metrics["config"]["steps"],
+            "reshard": metrics.get("reshard", {}).get("status"), "wall_s": round(wall, 1),
+            "peak_rss_mib_per_rank": [round(r["peak_rss_bytes"] / 2**20, 1) for r in metrics.get("memory_per_rank", [])],
+            "plan": _plan_summary_json(metrics["segments"][0]["plan"]), "plan_json": metrics["segments"][0]["plan"]}
+
+
+def _plan_summary_json(plan_json: dict) -> dict:
+    kinds: dict = {}
+    for v in plan_json.values():
+        kinds[v["type"]] = kinds.get(v["type"], 0) + 1
+    return kinds
 
 
 # ---- rounds ---------------------------------------------------------------------------------------
@@ -221,6 +277,9 @@ def main(argv=None) -> None:
                    help="TorchRec's own planner, or all tables table-wise round-robin")
     p.add_argument("--no-job", action="store_true", help="skip running `shardwise train` itself")
     p.add_argument("--job-steps", type=int, default=None, help="`shardwise train --steps` (default: its own)")
+    p.add_argument("--thp", choices=("0", "1"), default="1",
+                   help=f"{THP_ENV} for every process, as `shardwise train` starts its workers (default %(default)s; a "
+                        f"value already in the environment wins)")
     p.add_argument("--impl", default="all", choices=["all", "torchrec"])
     p.add_argument("--blob", default=None)
     args = p.parse_args(argv)
@@ -229,6 +288,7 @@ def main(argv=None) -> None:
             print(json.dumps(spawn(run_torchrec, args.world, args, args.blob, tmp)), flush=True)
         return
     sys.path.insert(0, ROOT)
+    os.environ.setdefault(THP_ENV, args.thp)   # inherited by every rank, TorchRec's and the job's
     os.environ["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")   # for spawned ranks
     python = args.torchrec_python or os.environ.get("SHARDWISE_TORCHREC_PYTHON")
     if not python or not os.path.exists(python):
@@ -242,31 +302,49 @@ def main(argv=None) -> None:
     summary(args, rounds, info, shape)
 
 
+def _emit(rec: dict) -> None:
+    """One JSON line, with the machine's load average (1, 5, 15 minutes) when it was printed."""
+    emit({**rec, "load_avg": [round(x, 2) for x in os.getloadavg()]})
+
+
 def one_round(args, blob: str, tmp: str, info: dict, shape: dict, i: int) -> dict:
-    ours = spawn(run_shardwise, args.world, args, blob, tmp)
+    # the job first: the library's planner variants then run on the plan the job chose
+    job = None if args.no_job else run_job(args, tmp)
+    plan_json = job.pop("plan_json") if job else None
+    ours = spawn(run_shardwise, args.world, args, blob, tmp, plan_json)
+    default = f"planner+{info['default_dense']}"
     for v, ms in ours["ms"].items():
-        emit({"bench": "dlrm", "round": i, "impl": "shardwise", "variant": v, "ms_per_step": round(ms, 2),
-              "job_default": v == f"planner+{info['default_dense']}", "plan": ours["plans"][v],
-              "loss_first_steps": [round(x, 6) for x in ours["losses"][v]], "compiled_update": v.endswith("+compiled"),
-              **ours["rss"], **shape})
+        _emit({"bench": "dlrm", "round": i, "impl": "shardwise", "variant": v, "ms_per_step": round(ms, 2),
+               "job_default": v in (default, default + "+pipelined"), "pipelined": v.endswith("+pipelined"),
+               "plan": ours["plans"][v], "plan_source": "the job's" if plan_json and v.startswith("planner+") else
+               "table_wise round-robin" if v.startswith("table_wise+") else "shardwise's planner",
+               "loss_first_steps": [round(x, 6) for x in ours["losses"][v]],
+               "compiled_update": "+compiled" in v, **ours["rss"], **shape})
     theirs = torchrec_round(args, blob)
     for v, ms in (theirs or {"ms": {}})["ms"].items():
-        emit({"bench": "dlrm", "round": i, "impl": "torchrec", "variant": v, "ms_per_step": round(ms, 2),
-              "plan": theirs["plans"]["torchrec"],
-              "plan_source": args.torchrec_plan,
-              "loss_first_steps": [round(x, 6) for x in theirs["losses"][v]], **theirs["rss"], **shape})
-    job = None if args.no_job else run_job(args, tmp)
+        _emit({"bench": "dlrm", "round": i, "impl": "torchrec", "variant": v, "ms_per_step": round(ms, 2),
+               "plan": theirs["plans"]["torchrec"], "plan_source": args.torchrec_plan,
+               "loss_first_steps": [round(x, 6) for x in theirs["losses"][v]], **theirs["rss"], **shape})
     if job is not None:
-        emit({"bench": "dlrm", "round": i, "impl": "shardwise_train", **job,
-              "ms_per_step": round(args.world * args.batch / job["examples_per_s"] * 1e3, 2), **shape})
+        _emit({"bench": "dlrm", "round": i, "impl": "shardwise_train", **job, **shape})
     return {"ours": ours["ms"], "theirs": theirs["ms"] if theirs else None,
-            "job_ms": None if job is None else args.world * args.batch / job["examples_per_s"] * 1e3}
+            "job_ms": None if job is None else job["ms_per_step"], "load": os.getloadavg()[0]}
 
 
 def summary(args, rounds: list, info: dict, shape: dict) -> None:
-    rec = {"bench": "dlrm", "summary": True, "rounds": len(rounds), "default_dense": info["default_dense"], **shape}
+    rec = {"bench": "dlrm", "summary": True, "rounds": len(rounds), "default_dense": info["default_dense"], **shape,
+           "load_avg_1min_per_round": [round(r["load"], 2) for r in rounds]}
     for v in args.variants:
         rec[f"shardwise_{v}_ms"] = round(statistics.median(r["ours"][v] for r in rounds), 2)
+    job = [r for r in rounds if r["job_ms"]]
+    if job:
+        rec["shardwise_train_ms"] = round(statistics.median(r["job_ms"] for r in job), 2)
+        rec["shardwise_train_examples_per_s"] = round(args.world * args.batch / rec["shardwise_train_ms"] * 1e3)
+        # the job against its own step on pre-generated batches, launch by launch (paired)
+        default = f"planner+{info['default_dense']}"
+        for name, v in (("library_step", default), ("library_step_pipelined", default + "+pipelined")):
+            if v in args.variants:
+                rec[f"ratio_shardwise_train/{name}"] = _ratio([r["job_ms"] for r in job], [r["ours"][v] for r in job])
     paired = [r for r in rounds if r["theirs"]]
     if paired:
         best = [min(r["theirs"].values()) for r in paired]
@@ -279,10 +357,7 @@ def summary(args, rounds: list, info: dict, shape: dict) -> None:
         if jobs:
             rec["ratio_shardwise_train/torchrec_best"] = _ratio([r["job_ms"] for r in jobs],
                                                                 [min(r["theirs"].values()) for r in jobs])
-    job = [r["job_ms"] for r in rounds if r["job_ms"]]
-    if job:
-        rec["shardwise_train_examples_per_s"] = round(args.world * args.batch / statistics.median(job) * 1e3)
-    emit(rec)
+    _emit(rec)
 
 
 if __name__ == "__main__":

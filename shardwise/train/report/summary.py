@@ -336,6 +336,8 @@ def _print_summary(m: dict, folder: Path) -> None:
               f"({m['memory_per_rank_source']})")
     t.add_row("examples/s (last segment)", _fmt(m["throughput"]["examples_per_s"], ",.0f"))
     t.add_row("steady examples/s (training steps only)", _fmt(m["throughput"].get("steady_examples_per_s"), ",.0f"))
+    t.add_row("  median of 20-step blocks", _fmt((m["throughput"].get("steady") or {}).get("block_examples_per_s"),
+                                                  ",.0f"))
     t.add_row("resumes / elastic restarts", f"{m['resumes']} / {m['restarts']}")
     if m["config"].get("skip_bad_lines"):
         t.add_row("malformed lines skipped (--skip-bad-lines; lines this run read)", f"{m['bad_lines_skipped']:,}")

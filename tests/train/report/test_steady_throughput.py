@@ -55,3 +55,26 @@ def test_steady_examples_per_s_counts_training_steps_only():
     # three saves slept SAVE_SLEEP each inside the run; none of that is in the counted seconds
     assert steady["seconds_counted"] < elapsed - 3 * SAVE_SLEEP, (steady, elapsed)
     assert metrics["reshards"] and metrics["reshards"][0]["step"] == 6
+
+
+def test_block_figure_is_the_median_of_block_means():
+    """``block_ms``: counted steps in step order, in blocks of 20 (a last, shorter block left out; excluded
+    steps skipped), each block's mean, their median -- the statistic benchmarks/dlrm.py takes of the
+    library step, so one slow step moves neither figure."""
+    from shardwise.train.report.steady import BLOCK_STEPS, Steady
+
+    s = Steady(examples_per_step=100)
+    assert s.summary()["block_ms"] is None and BLOCK_STEPS == 20
+    secs = [0.010] * 20 + [0.030] * 19 + [1.0] + [0.020] * 20 + [5.0] * 7   # 3 full blocks, 7 left over
+    step = 0
+    for x in secs:
+        step += 1
+        if step == 30:
+            s.add(step, 99.0, "checkpoint")   # not counted: the next counted step takes its place
+            step += 1
+        s.add(step, x, None)
+    blocks = sorted([0.010, (0.030 * 19 + 1.0) / 20, 0.020])
+    got = s.summary()
+    assert abs(got["block_ms"] - 1e3 * blocks[1]) < 1e-9
+    assert abs(got["block_examples_per_s"] - 100 / blocks[1]) < 1e-6
+    assert got["steps_counted"] == len(secs)
