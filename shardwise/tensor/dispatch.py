@@ -22,6 +22,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from ._switch import Switch
 from .placements import Replicate
 from .callpath.plan_cache import PropagationCache, has_tensor, quick_key, seq_key
+from .callpath.wrapping import wrap, wrap_fresh
 from .propagation.propagator import Decision, choose_layout, op_mutates_first_arg
 from .propagation.outputs import meta_outputs, outside_kernel
 from .propagation.registry import RuleEntry, is_out_variant, lookup_rule
@@ -38,8 +39,6 @@ IMPLICIT_REPLICATION = Switch("implicit_replication", False)
 # off: every call takes the full key and plan path (the torch-function fast path and the quick map)
 FAST_PATH = Switch("fast_path", True)
 _FAST_PATH_ON = FAST_PATH.get
-_MAKE = torch.Tensor._make_wrapper_subclass
-_STRIDED = torch.strided
 
 
 class OpPlan:
@@ -80,7 +79,7 @@ class OpDispatcher:
             hit = self.cache.quick.get(qkey)
             if hit is not None:
                 self.cache.hits += 1
-                spec, inplace, raw = hit
+                spec, inplace, raw, fresh = hit
                 a = args[0]
                 if len(args) == 1:
                     out = raw(a._local_tensor)
@@ -88,10 +87,7 @@ class OpDispatcher:
                     out = raw(*[x._local_tensor if type(x) is cls else x for x in args])
                 if inplace:
                     return a
-                r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
-                r._local_tensor = out
-                r._spec = spec
-                return r
+                return wrap_fresh(cls, out, spec) if fresh else wrap(cls, out, spec)
         entry = lookup_rule(op)
         insensitive = entry is not None and entry.scalar_insensitive
         key = [op]

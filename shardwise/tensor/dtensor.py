@@ -20,6 +20,8 @@ from .callpath.donation import donatable
 from .callpath.fastpath import _SLOW, FAST_PATH, FastPath, make_entry
 from .full import full_local
 from .callpath.function_hooks import HOOKS as _HOOKS
+from .callpath.wrapping import NEW as _NEW
+from .callpath.wrapping import wrap, wrap_generic
 from .full import grad_placements as _grad_placements
 from .checks.layout import check_device, check_from_local, check_local_shapes
 from .placements import Partial, Placement, Replicate, Shard
@@ -28,9 +30,8 @@ from .spec import DTensorSpec, _global_stride, coord_or_none, mesh_or_current, n
 
 __all__ = ["DTensor", "gather_fallback", "fast_path", "propagation_cache"]
 
-_MAKE_WRAPPER = torch.Tensor._make_wrapper_subclass
 _NO_TORCH_FUNCTION = torch._C.DisableTorchFunctionSubclass
-_STRIDED = torch.strided
+_GRAD_ON = torch.is_grad_enabled
 _FAST_PATH_ON = FAST_PATH.get
 _SCALARS = (int, float, bool)
 
@@ -104,6 +105,8 @@ class DTensor(torch.Tensor):
     torch.Size([2, 3])
     """
 
+    # slots, as PyTorch's DTensor: cheaper to set than instance-dict entries, once per op
+    __slots__ = ("_local_tensor", "_spec")
     _local_tensor: torch.Tensor
     _spec: DTensorSpec
 
@@ -121,25 +124,26 @@ class DTensor(torch.Tensor):
             n = len(args)
             b = args[1] if n == 2 else None
             with _NO_TORCH_FUNCTION():
-                if torch.is_grad_enabled() and (a.requires_grad or (isinstance(b, torch.Tensor) and b.requires_grad)):
+                # requires_grad first: grad mode is read only when an input asks for recording
+                if (a.requires_grad or (isinstance(b, torch.Tensor) and b.requires_grad)) and _GRAD_ON():
                     # autograd records the backward; the op reaches __torch_dispatch__ (its quick map)
                     return func(*args, **kwargs) if kwargs else func(*args)
                 if not kwargs and n <= 2 and _FAST_PATH_ON():
                     if n == 1:
-                        plan = _FASTPATH.plans.get((func, a._spec))
+                        plan = _FAST_PLANS.get((func, a._spec))
                     elif type(b) is cls:
-                        plan, b = _FASTPATH.plans.get((func, a._spec, b._spec)), b._local_tensor
+                        plan, b = _FAST_PLANS.get((func, a._spec, b._spec)), b._local_tensor
                     elif type(b) in _SCALARS:  # the key FastPath._key makes for (DTensor, scalar)
                         key = type(b) if _FASTPATH.scalar_types_only.get(func) else b
-                        plan = _FASTPATH.plans.get((func, a._spec, key))
+                        plan = _FAST_PLANS.get((func, a._spec, key))
                     else:
                         plan = None
                     if plan is not None and plan[1] == "wrap":
-                        out, spec = func(a._local_tensor) if n == 1 else func(a._local_tensor, b), plan[0]
-                        r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
-                        r._local_tensor = out
-                        r._spec = spec
-                        return r
+                        out = func(a._local_tensor) if n == 1 else func(a._local_tensor, b)
+                        # a new tensor (views are not learnt): wrapping.wrap_fresh, inlined
+                        if _NEW is None or out.requires_grad:
+                            return wrap_generic(cls, out, plan[0])
+                        return _NEW(cls, out, plan[0], False)
                     if plan is _SLOW:
                         # learnt to have no local plan (a property read such as ``x.requires_grad``, a
                         # view): what the fast path would end up doing, without its generic key walk
@@ -158,11 +162,7 @@ class DTensor(torch.Tensor):
 
     @classmethod
     def _wrap(cls, local: torch.Tensor, spec: DTensorSpec) -> "DTensor":
-        # positional arguments: keyword parsing in _make_wrapper_subclass is measurable per op
-        r = _MAKE_WRAPPER(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, local.device)
-        r._local_tensor = local
-        r._spec = spec
-        return r
+        return wrap(cls, local, spec)
 
     # __torch_dispatch__ is set below the class, once the dispatcher exists: dispatch.make_entry
 
@@ -366,6 +366,7 @@ class DTensor(torch.Tensor):
 
 _DISPATCHER = OpDispatcher(DTensor)
 _FASTPATH = FastPath(_DISPATCHER)
+_FAST_PLANS = _FASTPATH.plans  # never replaced (FastPath only adds and evicts)
 DTensor.__torch_dispatch__ = classmethod(make_entry(_DISPATCHER))
 
 

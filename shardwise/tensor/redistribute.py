@@ -129,7 +129,11 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, don
     stride; a collective's fresh, contiguous result is laid out in its dim order (``match_layout``)."""
     cur = list(src_placements)
     mesh_shape = tuple(mesh.shape)
-    owned = donate  # whether x is a buffer nobody else sees (donated, or made by an earlier step)
+    # Reduce in place only in eager code. Traced (make_fx, torch.compile), the in-place c10d all-reduce
+    # is recorded without its wait: the graph would run on while the collective still writes the
+    # buffer, and could free it under it.
+    eager = not (torch._C._len_torch_dispatch_stack() or torch.compiler.is_compiling())
+    owned = donate and eager  # whether x is a buffer nobody else sees (donated, or made by an earlier step)
     for st in steps:
         i, s, d = st.mesh_dim, st.src, st.dst
         if isinstance(s, Partial):
@@ -151,7 +155,7 @@ def execute_plan(x: torch.Tensor, steps, mesh, shape, src_placements, coord, don
         else:
             x = to_partial(x, d.collective_op, coord[i])
         # an all-reduce or all-gather result is a fresh buffer; other steps may return views of x
-        owned = owned or type(d) is Replicate and isinstance(s, (Partial, Shard))
+        owned = owned or eager and type(d) is Replicate and isinstance(s, (Partial, Shard))
         cur[i] = d
     return x if stride is None else match_layout(x, stride)
 

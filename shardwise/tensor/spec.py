@@ -129,6 +129,12 @@ class DTensorSpec:
     def ndim(self) -> int:
         return len(self.shape)
 
+    @property
+    def tensor_meta(self) -> "DTensorSpec":
+        # read by the C++ DTensor constructor (callpath/wrapping.py) for .shape and .stride, which a
+        # spec holds itself
+        return self
+
     def with_placements(self, placements) -> "DTensorSpec":
         return DTensorSpec(self.mesh, placements, self.shape, self.stride, self.dtype)
 

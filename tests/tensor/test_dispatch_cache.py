@@ -200,3 +200,40 @@ def test_a_trailing_scalar_runs_inline_from_the_quick_map():
     for entered, placements, same in run_on_ranks(scalar_third_args, 2):
         assert entered == [("aten.threshold_backward.default", 0)], entered
         assert placements == [(Shard(0),)] * 4 and same
+
+
+def wrappers(rank, world):
+    import warnings
+
+    from shardwise.tensor import DTensor, Shard, distribute_tensor
+    from shardwise.tensor.callpath.wrapping import wrap, wrap_fresh, wrap_generic
+
+    mesh = worker_mesh((world,))
+    spec_of = {}
+    for name, full in {"float": torch.randn(4, 6), "transposed": torch.randn(6, 4).t(),
+                       "int": torch.arange(24).reshape(4, 6), "complex": torch.randn(4, 6, dtype=torch.cfloat)}.items():
+        spec_of[name] = distribute_tensor(full, mesh, [Shard(0)])._spec
+    base = torch.randn(2, 6, dtype=torch.cfloat)
+    locals_ = {"float": torch.randn(2, 6), "transposed": torch.randn(6, 2).t(), "int": torch.arange(12).reshape(2, 6),
+               "requires_grad": torch.randn(2, 6, requires_grad=True), "conj": base.conj(), "neg": base.conj().imag,
+               "meta": torch.empty(2, 6, device="meta")}
+    specs = {"requires_grad": spec_of["float"], "conj": spec_of["complex"], "neg": spec_of["float"],
+             "meta": spec_of["float"]}
+
+    def seen(d):
+        return (type(d), d.shape, d.stride(), d.dtype, d.device, d.layout, d.requires_grad, d.is_conj(), d.is_neg(),
+                d._spec, d._local_tensor)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the C++ constructor warns for a local that requires grad
+        for name, local in locals_.items():
+            spec = specs.get(name) or spec_of[name]
+            generic = seen(wrap_generic(DTensor, local, spec))
+            assert seen(wrap(DTensor, local, spec)) == generic, name
+            if name not in ("conj", "neg"):  # wrap_fresh: results of ops, never views
+                assert seen(wrap_fresh(DTensor, local, spec)) == generic, name
+    return True
+
+
+def test_both_constructors_make_the_same_dtensor():
+    assert all(run_on_ranks(wrappers, 2))

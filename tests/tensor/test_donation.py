@@ -79,3 +79,38 @@ def _visible(rank, world):
 def test_visible_buffers_are_never_overwritten():
     for donated in run_on_ranks(_visible, 2):
         assert donated == 0
+
+
+def _traced(rank, world):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    mesh = worker_mesh((2, 2))
+    coord = mesh.get_coordinate()
+    # [S(0), P] -> [R, R]: a gather, then a reduction of the gathered buffer, which eager code does in
+    # place (nobody else sees that buffer)
+    local = torch.eye(4)[2 * coord[0]:2 * coord[0] + 2] / 2 + 0.01 * (rank + 1)
+
+    def move(t):
+        x = DTensor.from_local(t, mesh, [Shard(0), Partial()])
+        return x.redistribute(mesh, [Replicate(), Replicate()]).to_local()
+
+    def op(t):  # the same two steps inside dispatch: linalg ops run replicated
+        return torch.linalg.inv(DTensor.from_local(t, mesh, [Shard(0), Partial()])).to_local()
+
+    with CollectiveCounter() as c:
+        eager = move(local.clone()), op(local.clone())
+    graphs = [make_fx(fn, tracing_mode="fake")(local.clone()) for fn in (move, op)]
+    # only functional collectives, each with its wait: an in-place c10d all-reduce is recorded without
+    # its wait, so the graph would read (and could free) the buffer while gloo still writes it
+    inplace = [str(n.target) for g in graphs for n in g.graph.nodes
+               if n.op == "call_function" and str(n.target).startswith("c10d.")]
+    for g, e in zip(graphs, eager):
+        torch.testing.assert_close(g(local.clone()), e)
+    full = torch.eye(4) + 0.01 * (1 + 2) + 0.01 * 2 * torch.tensor([[0.0], [0.0], [2.0], [2.0]])
+    torch.testing.assert_close(eager[0], full)
+    return inplace, c.donated
+
+
+def test_traced_moves_never_reduce_in_place():
+    for inplace, donated in run_on_ranks(_traced, 4):
+        assert inplace == [] and donated == 2  # eager still reduces in place

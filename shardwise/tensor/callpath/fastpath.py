@@ -18,8 +18,9 @@ import threading
 
 import torch
 
-from ..dispatch import _FAST_PATH_ON, _MAKE, _STRIDED, FAST_PATH, OpDispatcher
+from ..dispatch import _FAST_PATH_ON, FAST_PATH, OpDispatcher
 from .plan_cache import has_tensor, seq_key
+from .wrapping import NEW, wrap, wrap_fresh
 
 _SCALARS = (int, float, bool)
 _SLOW = (None, "slow")  # this key never qualifies: go straight to the full path
@@ -47,7 +48,7 @@ class FastPath:
                         return func(a, b)
                     plan = self.plans.get((func, a._spec, b._spec))
                     if plan is not None and plan is not _SLOW and plan[1] == "wrap":
-                        return _wrap(cls, func(a._local_tensor, b._local_tensor), plan[0])
+                        return wrap_fresh(cls, func(a._local_tensor, b._local_tensor), plan[0])
             if torch.is_grad_enabled() and _any_requires_grad(args):
                 return func(*args, **kwargs) if kwargs else func(*args)
             key, local_args = self._key(func, args, kwargs, cls)
@@ -59,11 +60,11 @@ class FastPath:
                     spec, mode = plan
                     out = func(*local_args, **kwargs) if kwargs else func(*local_args)
                     if mode == "wrap":
-                        return _wrap(cls, out, spec)
+                        return wrap_fresh(cls, out, spec)
                     if mode == "self":
                         return args[0]
                     if mode == "seq":
-                        return [_wrap(cls, o, s) for o, s in zip(out, spec)]
+                        return [wrap_fresh(cls, o, s) for o, s in zip(out, spec)]
                     return out
             return func(*args, **kwargs) if kwargs else func(*args)
 
@@ -141,17 +142,6 @@ class FastPath:
         return out
 
 
-_make = _MAKE
-
-
-def _wrap(cls, local: torch.Tensor, spec):
-    # positional arguments: the keyword parsing of _make_wrapper_subclass is measurable here
-    r = _make(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, local.device)
-    r._local_tensor = local
-    r._spec = spec
-    return r
-
-
 def _any_requires_grad(args) -> bool:
     for a in args:
         if isinstance(a, torch.Tensor):
@@ -195,15 +185,14 @@ def make_entry(dispatcher: OpDispatcher):
                         hit = None
                 if hit is not None:
                     cache.hits += 1
-                    spec, inplace, raw = hit
+                    spec, inplace, raw, fresh = hit
                     out = raw(a._local_tensor) if n == 1 else raw(a._local_tensor, b) if n == 2 else \
                         raw(a._local_tensor, b, c)
                     if inplace:
                         return a
-                    r = _MAKE(cls, spec.shape, spec.stride, None, None, spec.dtype, _STRIDED, out.device)
-                    r._local_tensor = out
-                    r._spec = spec
-                    return r
+                    if fresh and NEW is not None and not out.requires_grad:  # wrapping.wrap_fresh, inlined
+                        return NEW(cls, out, spec, False)
+                    return wrap(cls, out, spec)
         return dispatcher(func, args, kwargs)
 
     return __torch_dispatch__

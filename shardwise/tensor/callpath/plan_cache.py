@@ -59,8 +59,11 @@ class PropagationCache:
         with self._lock:
             if len(self.quick) >= self.max_size:
                 self.quick.pop(next(iter(self.quick)))
-            # the op's C++ callable: calling the OpOverload adds a Python frame per hit
-            self.quick[qkey] = (plan.out_specs[0], plan.out_kind == "inplace", getattr(qkey[0], "_op", qkey[0]))
+            # the op's C++ callable: calling the OpOverload adds a Python frame per hit; fresh: the result
+            # is a new tensor, never a view (wrapping.py: the cheaper constructor needs no view checks)
+            op = qkey[0]
+            fresh = not any(r.alias_info is not None for r in op._schema.returns)
+            self.quick[qkey] = (plan.out_specs[0], plan.out_kind == "inplace", getattr(op, "_op", op), fresh)
 
 
 def quick_key(op, args, cls):
