@@ -64,7 +64,9 @@ def test_every_rule_agrees_with_full_tensor_ops(report):
     unexpected = [str(f) for f in report.failures if f.op not in KNOWN_FAILURES]
     assert not unexpected, "\n".join(unexpected[:40])
     assert sum(r.checked for r in report.ops.values()) > 5000
-    assert _CPU_SECONDS["full"] < 30
+    # a guard on the suite's length, not a speed claim: ~20 s of CPU on a quiet machine, and CPU time
+    # still inflates when other processes contend for the cores' caches
+    assert _CPU_SECONDS["full"] < 60
 
 
 def test_known_failures_still_fail(report, opdb_report):
@@ -98,7 +100,7 @@ def opdb_report() -> ValidationReport:
 def test_opdb_sampled_rules_agree_with_full_tensor_ops(opdb_report):
     unexpected = [str(f) for f in opdb_report.failures if f.op not in KNOWN_FAILURES]
     assert not unexpected, "\n".join(unexpected[:40])
-    assert _CPU_SECONDS["opdb"] < 30
+    assert _CPU_SECONDS["opdb"] < 60  # the same guard as above
 
 
 def test_collective_kernels_are_listed_as_needing_real_ranks(report):
