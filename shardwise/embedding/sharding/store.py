@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..optim.row_update import RowUpdate
 from ..optim.rules import STATE_DTYPE
 from ..plan.values import ShardBox
 
@@ -168,6 +169,12 @@ class ShardStore:
         state["step"] = self.steps[w]
         # Row updates are independent, so on CPU they run in cache-sized row chunks: the
         # element-wise passes then stay in L2 (about 2x faster than whole-batch passes here).
+        if isinstance(self.rule.update, RowUpdate) and self.rule.update.compiles(rows, grad_rows, self.buffers[w]):
+            # the compiled one-pass kernel cuts its own cache-sized blocks; a call per chunk here would
+            # pay its dispatch (guards, wrappers) dozens of times per step
+            self.rule.update(self.buffers[w], state, rows, grad_rows, self.hp, scale=self.grad_scale)
+            del state["step"]
+            return
         width = max(1, grad_rows.shape[1])
         n = max(1, rows.numel()) if rows.device.type != "cpu" else max(1, _CHUNK_ELEMENTS // width)
         for r, g in zip(torch.split(rows, n), torch.split(grad_rows, n)):
