@@ -57,6 +57,7 @@ class _Plan:
     rows: list              # per slot: int64 tensor of each present feature's table size
     mean: list              # per slot: bool tensor of each present feature's pooling == "mean" (None: all sum)
     present: list           # per slot: the present features' names
+    same_rows: list         # per slot: whether every present feature's table has the same size
     in_order: bool          # every feature present, lookup order = config order, one slot per width run
 
 
@@ -175,12 +176,16 @@ class StackedTables:
         id against its own table's size (ValueError naming the feature otherwise)."""
         nkeys = plan.rows[k].numel()
         per_key = lengths.view(nkeys, batch).sum(1) if nkeys > 1 else None
-        if per_key is None:
-            limit = plan.rows[k]
-        else:
-            limit = torch.repeat_interleave(plan.rows[k], per_key, output_size=values.numel())
-        if values.numel() and bool(((values < 0) | (values >= limit)).any()):
-            self._raise_bad_id(values, limit, per_key, plan.present[k])
+        if values.numel():
+            if per_key is None or plan.same_rows[k]:   # one bound for every id: one pass (min and max)
+                low, high = torch.aminmax(values)
+                bad = int(low) < 0 or int(high) >= int(plan.rows[k][0])
+                limit = plan.rows[k][:1]
+            else:
+                limit = torch.repeat_interleave(plan.rows[k], per_key, output_size=values.numel())
+                bad = bool(((values < 0) | (values >= limit)).any())
+            if bad:
+                self._raise_bad_id(values, limit, per_key, plan.present[k])
         if plan.bases[k] is None:
             return values
         if per_key is None:
@@ -218,7 +223,8 @@ class StackedTables:
             present.append(names)
         perm = None if order == list(range(len(keys))) else order
         in_order = [keys[i] for i in order] == self._features and all(names for names in present)
-        return _Plan(perm, ranges, bases, rows, mean, present, in_order)
+        same = [bool(r.numel()) and bool((r == r[0]).all()) for r in rows]
+        return _Plan(perm, ranges, bases, rows, mean, present, same, in_order)
 
     @torch.no_grad()
     def apply_gradient(self, k: int, ids, offsets, psw, grad: torch.Tensor) -> None:

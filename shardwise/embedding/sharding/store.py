@@ -197,7 +197,7 @@ def group_by_row(ids, offsets, psw, num_rows: int = 2 ** 63 - 1) -> tuple:
     """(unique ids ascending, segment offsets of each id's occurrences, the bag of each occurrence,
     its weight or None), occurrences in bag order within a row (the sort is stable). ``num_rows``
     bounds the ids (the buffer's rows): below 2**31 the sort runs on int32 keys, over twice as fast
-    on CPU as int64 ones."""
+    on CPU as int64 ones, and below 2**15 on int16 keys, twice as fast again."""
     n = ids.numel()
     # bag of each occurrence: a running count of the bag ends (repeat_interleave over many short
     # bags costs several times more on CPU)
@@ -205,7 +205,8 @@ def group_by_row(ids, offsets, psw, num_rows: int = 2 ** 63 - 1) -> tuple:
     inner = offsets[1:-1]
     ends.index_add_(0, inner, torch.ones(inner.shape, dtype=torch.int64, device=ids.device))
     bag = torch.cumsum(ends[:n], 0)
-    keys = ids.to(torch.int32) if num_rows <= 2 ** 31 else ids
+    # the narrowest key type that holds every row: CPU sorts int16 keys about twice as fast as int32
+    keys = ids.to(torch.int16) if num_rows <= 2 ** 15 else ids.to(torch.int32) if num_rows <= 2 ** 31 else ids
     sorted_ids, order = torch.sort(keys, stable=True)
     rows, counts = torch.unique_consecutive(sorted_ids, return_counts=True)
     seg = torch.zeros(rows.numel() + 1, dtype=torch.int64, device=ids.device)

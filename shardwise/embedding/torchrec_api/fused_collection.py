@@ -154,8 +154,9 @@ class FusedEmbeddingBagCollection(EmbeddingBagCollection):
         # a weight replaced (load_state_dict(assign=True), weight.data = ...) is copied back into its
         # rows and viewed again: the lookup reads the stacked buffers only
         grad = torch.is_grad_enabled()
+        bags = self.embedding_bags._modules
         for t, ptr in zip(self._tables, self._ptrs):
-            w = self.embedding_bags[t.name].weight
+            w = bags[t.name]._parameters["weight"]
             if w.data_ptr() != ptr or w.shape != (t.num_embeddings, t.embedding_dim):
                 view = self._stack.table_view(t.name)
                 with torch.no_grad():

@@ -87,6 +87,10 @@ def test_out_of_range_id_names_the_feature_before_any_lookup():
     kjt = KeyedJaggedTensor(["fa", "fc"], torch.tensor([8, 6]), lengths=torch.tensor([1, 1]))
     with pytest.raises(ValueError, match=r"feature 'fc' has id 6, but its table has 6 rows"):
         stack.lookup(kjt, torch.zeros((), requires_grad=True))
+    # fb and fb2 read one table (one bound for the whole slot: the min/max check)
+    kjt = KeyedJaggedTensor(["fb", "fb2"], torch.tensor([4, 0, 5]), lengths=torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match=r"feature 'fb2' has id 5, but its table has 5 rows"):
+        stack.lookup(kjt, torch.zeros((), requires_grad=True))
     with pytest.raises(ValueError, match=r"feature 'fa' has id -1"):
         stack.lookup(KeyedJaggedTensor(["fa"], torch.tensor([-1]), lengths=torch.tensor([1])),
                      torch.zeros((), requires_grad=True))
