@@ -119,15 +119,16 @@ def run_one(args) -> dict:
 
     for _ in range(args.warmup):
         epoch()
-    times = []
+    times, cpu = [], []
     for _ in range(args.epochs):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         epoch()
         times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
     mib = 1 << 20
     return {"bench": "small_tables", "shape": args.shape, "impl": args.impl, "s_per_epoch": round(statistics.median(times), 5),
-            "epochs": args.epochs, "threads": args.threads, "peak_rss_mib": round(peak_rss_bytes() / mib, 1),
-            "held_mib": round(held_bytes(tables, raw) / mib, 1)}
+            "cpu_s_per_epoch": round(statistics.median(cpu), 5), "epochs": args.epochs, "threads": args.threads,
+            "peak_rss_mib": round(peak_rss_bytes() / mib, 1), "held_mib": round(held_bytes(tables, raw) / mib, 1)}
 
 
 def measure(args, impl: str, shape: str):
@@ -189,19 +190,26 @@ def main(argv=None) -> None:
             for impl in impls[r % len(impls):] + impls[:r % len(impls)]:   # the order rotates per round
                 rec = measure(args, impl, shape)
                 if rec is not None:
-                    got[impl].append(rec["s_per_epoch"])
+                    got[impl].append((rec["s_per_epoch"], rec["cpu_s_per_epoch"]))
                     print(json.dumps({**rec, "round": r, "load_avg": load_average()}), flush=True)
         for impl in args.impls:
-            if not got[impl]:
-                continue
-            rec = {"bench": "small_tables", "shape": shape, "impl": impl, "rounds": len(got[impl]),
-                   "s_per_epoch": round(statistics.median(got[impl]), 5)}
-            if got.get("torchrec"):
-                # the ratio of each round (same load on both), then the median over rounds
-                pairs = [a / b for a, b in zip(got[impl], got["torchrec"])]
-                rec.update(torchrec_s_per_epoch=round(statistics.median(got["torchrec"]), 5),
-                           ratio_vs_torchrec=round(statistics.median(pairs), 3))
-            print(json.dumps({**rec, "load_avg": load_average()}), flush=True)
+            if got[impl]:
+                print(json.dumps(summary(shape, impl, got[impl], got.get("torchrec"))), flush=True)
+
+
+def summary(shape: str, impl: str, ours: list, peer) -> dict:
+    """The medians over rounds of one implementation, and its ratios to TorchRec: each round's ratio
+    (both measured under the same load), then their median; wall time and the main thread's CPU time
+    (on a loaded machine the CPU time, which leaves out the time the process waited, is the steadier)."""
+    rec = {"bench": "small_tables", "shape": shape, "impl": impl, "rounds": len(ours),
+           "s_per_epoch": round(statistics.median(t for t, _ in ours), 5),
+           "cpu_s_per_epoch": round(statistics.median(c for _, c in ours), 5)}
+    if peer:
+        rec.update(torchrec_s_per_epoch=round(statistics.median(t for t, _ in peer), 5),
+                   torchrec_cpu_s_per_epoch=round(statistics.median(c for _, c in peer), 5),
+                   ratio_vs_torchrec=round(statistics.median(a[0] / b[0] for a, b in zip(ours, peer)), 3),
+                   cpu_ratio_vs_torchrec=round(statistics.median(a[1] / b[1] for a, b in zip(ours, peer)), 3))
+    return {**rec, "load_avg": load_average()}
 
 if __name__ == "__main__":
     main()
