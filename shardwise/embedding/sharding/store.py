@@ -30,7 +30,13 @@ def advise_huge_pages(t: torch.Tensor) -> torch.Tensor:
     write: pages already touched stay small. Lookups and updates touch rows all over a table, and with
     4 KiB pages nearly every row costs a TLB miss once a table outgrows the TLB's reach (a few MiB);
     2 MiB pages cut those misses. A no-op off Linux, on other devices, below 2 MiB, or where the
-    kernel refuses (THP set to ``never``)."""
+    kernel refuses (THP set to ``never``).
+
+    Example:
+        >>> table = advise_huge_pages(torch.empty(1 << 20, 8))   # 32 MiB, not yet written
+        >>> table.fill_(0.5).shape                                # first touch: huge pages where granted
+        torch.Size([1048576, 8])
+    """
     nbytes = t.untyped_storage().nbytes()
     if t.device.type != "cpu" or nbytes < 2 * _HUGE_PAGE or not sys.platform.startswith("linux"):
         return t
