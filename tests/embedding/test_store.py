@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from shardwise.embedding.sharding.store import summed_row_gradients
+from shardwise.embedding.sharding.store import advise_huge_pages, summed_row_gradients
 
 
 def _dense_sum(ids, offsets, psw, grad, rows):
@@ -20,7 +20,7 @@ def _dense_sum(ids, offsets, psw, grad, rows):
 
 
 @pytest.mark.parametrize("weighted", [False, True])
-@pytest.mark.parametrize("num_rows", [1000, 2 ** 40])   # int32 sort keys, int64 keys
+@pytest.mark.parametrize("num_rows", [1000, 100_000, 2 ** 40])   # int16, int32, int64 sort keys
 def test_summed_row_gradients_matches_dense_scatter(weighted, num_rows):
     g = torch.Generator().manual_seed(7)
     lengths = torch.randint(0, 9, (300,), generator=g)   # empty bags included
@@ -97,3 +97,10 @@ def test_blocked_backward_update_matches_dense_optimizer(opt_name, compiled, mon
         assert torch.equal(blocked[~touched], weight[~touched]) and not torch.equal(want[~touched], weight[~touched])
         blocked, want = blocked[touched], want[touched]
     torch.testing.assert_close(blocked, want, rtol=1e-5, atol=1e-6)
+
+
+def test_huge_page_hint_keeps_the_tensor_and_its_values():
+    big = torch.arange(3 << 20, dtype=torch.float32)          # 12 MiB: whole 2 MiB pages inside it
+    assert advise_huge_pages(big) is big and torch.equal(big, torch.arange(3 << 20, dtype=torch.float32))
+    small, meta = torch.ones(10), torch.empty(1 << 22, device="meta")
+    assert advise_huge_pages(small) is small and advise_huge_pages(meta) is meta

@@ -41,7 +41,8 @@ def check_features(kjt: KeyedJaggedTensor, known: Sequence[str], is_weighted: bo
     if values.numel() and (values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool):
         raise TypeError(f"ids of features {kjt.keys()} have dtype {values.dtype}, but a lookup needs integer ids; "
                         f"cast the KeyedJaggedTensor's values with .long() before the forward")
-    unknown = [k for k in kjt.keys() if k not in set(known)]
+    known_set = set(known)   # once, not per key
+    unknown = [k for k in kjt.keys() if k not in known_set]
     if unknown:
         raise ValueError(f"features {unknown} are not looked up by any table (known: {list(known)}); "
                          f"drop them from the batch or add them to an EmbeddingBagConfig")

@@ -15,6 +15,7 @@ import torch
 STATE_DTYPE = torch.float32    # optimizer state and the update's arithmetic, whatever the weights' dtype
 
 from ...optim.rowwise_adagrad import RowWiseAdagrad
+from .row_update import RowUpdate
 
 __all__ = ["RowWiseAdagrad", "FusedRule", "resolve_optimizer"]
 
@@ -124,7 +125,8 @@ def _adamw_coeffs(hp, step):
 
 @dataclass(frozen=True)
 class FusedRule:
-    """A supported optimizer: its eager update, its compilable kernel with the kernel's
+    """A supported optimizer: its update (a :class:`RowUpdate`: the compiled one-pass kernel on
+    large calls, the eager update on small ones), its compilable kernel with the kernel's
     coefficients, its per-row state (name -> "elem" same shape as weight | "row" one per row), and
     the hyper-parameter values it cannot honour on touched rows only."""
 
@@ -138,23 +140,28 @@ class FusedRule:
     row_state: bool = False
 
 
+def _rule(name, eager, state_shapes, init_values, forbidden, kernel, coeffs, row_state=False) -> FusedRule:
+    update = RowUpdate(eager, kernel, coeffs, tuple(state_shapes))
+    return FusedRule(name, update, state_shapes, init_values, forbidden, kernel, coeffs, row_state)
+
+
 _RULES = {
-    torch.optim.SGD: FusedRule(
+    torch.optim.SGD: _rule(
         "SGD", sgd_update, {}, lambda hp: {},
         {"momentum": 0, "weight_decay": 0, "maximize": False, "nesterov": False},
         sgd_kernel, lambda hp, step: [hp["lr"]]),
-    torch.optim.Adagrad: FusedRule(
+    torch.optim.Adagrad: _rule(
         "Adagrad", adagrad_update, {"sum": "elem"}, lambda hp: {"sum": hp["initial_accumulator_value"]},
         {"weight_decay": 0, "maximize": False}, adagrad_kernel, _adagrad_coeffs),
-    torch.optim.Adam: FusedRule(
+    torch.optim.Adam: _rule(
         "Adam", adam_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
         lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
         {"weight_decay": 0, "maximize": False, "amsgrad": False}, adam_kernel, _adam_coeffs),
-    torch.optim.AdamW: FusedRule(
+    torch.optim.AdamW: _rule(
         "AdamW", adamw_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
         lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
         {"maximize": False, "amsgrad": False}, adamw_kernel, _adamw_coeffs),
-    RowWiseAdagrad: FusedRule(
+    RowWiseAdagrad: _rule(
         "RowWiseAdagrad", row_wise_adagrad_update, {"sum": "row"},
         lambda hp: {"sum": hp["initial_accumulator_value"]}, {}, row_wise_adagrad_kernel,
         lambda hp, step: [hp["lr"], hp["eps"]], row_state=True),

@@ -96,3 +96,52 @@ def test_torchrec_surface_and_refusals():
         FusedEmbeddingBagCollection(TABLES, torch.optim.SGD, {"lr": 0.1, "momentum": 0.9})
     with pytest.raises(ValueError, match="needs storage"):
         FusedEmbeddingBagCollection(TABLES, torch.optim.SGD, {"lr": 0.1}, device=torch.device("meta"))
+
+
+def test_weights_are_views_of_the_stacked_tables():
+    # load_state_dict (copy or assign=True) and weight.data = ... all reach the buffer the lookup reads
+    fused = FusedEmbeddingBagCollection(TABLES, torch.optim.SGD, {"lr": 0.1})
+    ref = EmbeddingBagCollection(TABLES, init_seed=7)
+    kjt = _batch(0, False)
+    fused.load_state_dict(ref.state_dict())
+    torch.testing.assert_close(fused(kjt).values(), ref(kjt).values())
+    fused.load_state_dict({k: v * 2 for k, v in ref.state_dict().items()}, assign=True)
+    torch.testing.assert_close(fused(kjt).values(), ref(kjt).values() * 2)
+    w = fused.embedding_bags["t_sum"].weight
+    w.data = torch.zeros_like(w)
+    _loss(fused(kjt), 0).backward()   # the update lands in the same storage the weight views
+    assert w.abs().sum() > 0 and fused.embedding_bags["t_sum"].weight is w
+
+
+def test_optimizer_state_round_trip_and_frozen_refusal():
+    def run(f, steps):
+        for step in steps:
+            _loss(f(_batch(step, False)), step).backward()
+
+    a = FusedEmbeddingBagCollection(TABLES, torch.optim.Adagrad, {"lr": 0.1})
+    run(a, [0, 1])
+    b = FusedEmbeddingBagCollection(TABLES, torch.optim.Adagrad, {"lr": 0.1})
+    b.load_state_dict(a.state_dict())
+    b.fused_optimizer().load_state_dict(a.fused_optimizer().state_dict())
+    sums = [s["sum"] for s in b.fused_optimizer().state_dict()["state"].values()]
+    assert all(s.abs().sum() > 0 for s in sums) and b.fused_optimizer().state_dict()["state"][0]["step"] == 2
+    run(a, [2])
+    run(b, [2])
+    for key, want in a.state_dict().items():
+        torch.testing.assert_close(b.state_dict()[key], want, rtol=0, atol=0, msg=key)
+    b.embedding_bags["t_mean"].weight.requires_grad_(False)
+    with pytest.raises(ValueError, match="'t_mean' has requires_grad=False"):
+        b(_batch(3, False))
+    with torch.no_grad():
+        b(_batch(3, False))   # inference: nothing to train, fine
+
+
+def test_variable_batch_matches_unsharded():
+    fused = FusedEmbeddingBagCollection(TABLES, torch.optim.SGD, {"lr": 0.1})
+    ref = EmbeddingBagCollection(TABLES)
+    ref.load_state_dict(fused.state_dict())
+    # a: 2 bags, b: 1, c: 2 (stride 2), with inverse indices expanding to a batch of 3
+    kjt = KeyedJaggedTensor(["a", "b", "c"], torch.tensor([1, 2, 3, 4, 5, 6]), lengths=torch.tensor([2, 1, 1, 0, 2]),
+                            stride_per_key_per_rank=[[2], [1], [2]],
+                            inverse_indices=(["a", "b", "c"], torch.tensor([[0, 1, 1], [0, 0, 0], [1, 0, 1]])))
+    torch.testing.assert_close(fused(kjt).values(), ref(kjt).values())
