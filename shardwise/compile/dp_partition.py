@@ -261,7 +261,8 @@ def _alias_root(node):
     while isinstance(node, torch.fx.Node) and node.op == "call_function" and isinstance(
             node.target, torch._ops.OpOverload):
         args = node.target._schema.arguments
-        if not (args and args[0].alias_info is not None and args[0].alias_info.is_write):
+        if not (args and args[0].alias_info is not None and args[0].alias_info.is_write
+                and isinstance(node.args[0], torch.fx.Node)):  # a fused optimizer writes lists: no single root
             break
         node = node.args[0]
     return node
