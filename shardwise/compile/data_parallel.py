@@ -59,6 +59,8 @@ class DataParallel(ParallelMode):
     Example: see the ``shardwise.compile`` package's (a ``DataParallel("fully_shard")`` step).
     """
 
+    carries_agreement = True  # its graphs carry the ranks' agreement check in a gradient bucket
+
     def __init__(
         self,
         *args,
@@ -144,7 +146,8 @@ class DataParallel(ParallelMode):
 
     def partition(self, joint, state, spec, local_batch, fake_mode):
         return build_dp_graph(
-            joint, state, spec, self.world, self.mesh.get_group().group_name, fake_mode, local_batch
+            joint, state, spec, self.world, self.mesh.get_group().group_name, fake_mode, local_batch,
+            self.bucket_cap_bytes,
         )
 
     def transform_and_compile(self, gm, gm_transformation=None):
