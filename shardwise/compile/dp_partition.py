@@ -9,7 +9,8 @@ Layout of the result (before passes reorder collectives):
   one feeds backward uses (forward-only views of the parameter are
   recomputed from it), so nothing gathered stays alive in between;
 * each gradient is all-reduced (replicated) or padded and reduce-scattered
-  (sharded), then divided by the world size (DDP's averaging);
+  (sharded), then divided by the world size (DDP's averaging): inside the optimizer's fused kernel
+  (its ``grad_scale``, no pass of its own), or by a division before a per-parameter update;
 * the optimizer, traced on shard shapes, is inlined last; it updates the
   parameter/state placeholders in place, like torch (these writes come
   after every read of the parameter in forward and backward).
@@ -159,8 +160,7 @@ class _DPBuilder:
             red = b.call(C10D.reduce_scatter_tensor.default, grad, "sum", self.world, self.gname, meta=meta)
         else:
             red = b.call(C10D.all_reduce.default, grad, "sum", self.gname, meta=meta)
-        red = b.call(C10D.wait_tensor.default, red, meta=meta)
-        return b.call(ATEN.div.Tensor, red, self.world, meta=meta)
+        return b.call(C10D.wait_tensor.default, red, meta=meta)  # a sum: the optimizer averages
 
     # -- optimizer -----------------------------------------------------------------------------
     def inline_optimizer(self, grads: dict[str, torch.fx.Node], order: list[str], bucket_of: dict) -> tuple[list, list]:
@@ -185,7 +185,7 @@ class _DPBuilder:
                 group = spec.groups[gi]
                 ps, ss = functional_update(
                     group, [shards[i] for i in idx], [gs[i] for i in idx],
-                    [dict(zip(names[fqns[i]], states[i])) for i in idx], lrs[gi],
+                    [dict(zip(names[fqns[i]], states[i])) for i in idx], lrs[gi], grad_scale=self.world,
                 )
                 for i, p, s in zip(idx, ps, ss):
                     new_p.append((i, p))

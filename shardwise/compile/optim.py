@@ -114,8 +114,11 @@ def state_names(group: GroupSpec, has_state: bool) -> tuple[str, ...]:
     return ("step", "exp_avg", "exp_avg_sq")
 
 
-def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor):
+def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor, grad_scale: int | None = None):
     """Return ``(new_params, new_states)``; ``states[i]`` maps name -> tensor.
+
+    ``grad_scale``: the gradients are ``grad_scale`` times the ones to apply (sums over data-parallel
+    ranks): the fused kernel divides while it reads them, the per-parameter path divides first.
 
     Parameters and existing state are updated in place (as torch does: no
     fresh full-size buffers per step) and returned; only lazily created
@@ -124,7 +127,9 @@ def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor)
     In a graph these in-place ops come after every read of the parameter.
     """
     if group.fused and _fusable(params, grads):
-        return _fused_update(group, params, grads, states, lr)
+        return _fused_update(group, params, grads, states, lr, grad_scale)
+    if grad_scale is not None:
+        grads = [None if g is None else g.div(grad_scale) for g in grads]
     fn = _sgd if group.kind == "sgd" else _adam
     new_p, new_s = [], []
     for p, g, s in zip(params, grads, states):
@@ -186,12 +191,14 @@ def _fusable(params, grads) -> bool:
     )
 
 
-def _fused_update(group: GroupSpec, params, grads, states, lr):
+def _fused_update(group: GroupSpec, params, grads, states, lr, grad_scale: int | None):
     """One fused-kernel call for every parameter with a gradient (torch's ``fused=True`` path)."""
     live = [i for i, g in enumerate(grads) if g is not None]
     ps, gs = [params[i] for i in live], [grads[i] for i in live]
     if ps[0].device.type != "cpu":
         lr = lr.to(torch.float32)  # the CUDA kernels read a float32 rate
+    # the kernels' loss-scale input divides each gradient as it is read (exactly a division: no extra pass)
+    scale = None if grad_scale is None else torch.full((), float(grad_scale), dtype=torch.float32, device=ps[0].device)
     new_s = [dict(s) for s in states]
     if group.kind == "sgd":
         mom = group.get("momentum")
@@ -205,7 +212,7 @@ def _fused_update(group: GroupSpec, params, grads, states, lr):
         torch._fused_sgd_(
             ps, gs, bufs, weight_decay=group.get("weight_decay"), momentum=mom, lr=lr,
             dampening=group.get("dampening"), nesterov=group.get("nesterov"), maximize=group.get("maximize"),
-            is_first_step=first,
+            is_first_step=first, grad_scale=scale,
         )
         return list(params), new_s
     steps = [states[i]["step"] for i in live]
@@ -216,7 +223,7 @@ def _fused_update(group: GroupSpec, params, grads, states, lr):
     kernel(
         ps, gs, [states[i]["exp_avg"] for i in live], [states[i]["exp_avg_sq"] for i in live], [], steps,
         lr=lr, beta1=beta1, beta2=beta2, weight_decay=group.get("weight_decay"), eps=group.get("eps"),
-        amsgrad=False, maximize=group.get("maximize"),
+        amsgrad=False, maximize=group.get("maximize"), grad_scale=scale,
     )
     return list(params), new_s
 

@@ -18,11 +18,13 @@ CONFIGS = [
 ]
 
 
+@pytest.mark.parametrize("grad_scale", [None, 2])
 @pytest.mark.parametrize("fused", [None, True, False])
 @pytest.mark.parametrize("cls,kw", CONFIGS, ids=[f"{c.__name__}-{i}" for i, (c, _) in enumerate(CONFIGS)])
-def test_functional_update_matches_torch(cls, kw, fused):
+def test_functional_update_matches_torch(cls, kw, fused, grad_scale):
     """Against eager torch.optim with the same ``fused`` flag (None: torch's default, the for-loop on CPU),
-    and, for our fused kernel, bit for bit against torch's own ``fused=True``."""
+    and, for our fused kernel, bit for bit against torch's own ``fused=True``; ``grad_scale=2``: the update
+    gets twice the gradients (a sum over two ranks) and must apply their average, exactly."""
     g = torch.Generator().manual_seed(0)
     shapes = [(7, 3), (5,), (33, 17)]
     params = [torch.randn(s, generator=g) for s in shapes]
@@ -40,7 +42,8 @@ def test_functional_update_matches_torch(cls, kw, fused):
         opt.step()
         opt_fused.step()
         lr = torch.tensor(opt.param_groups[0]["lr"], dtype=torch.float64)
-        params, states = functional_update(group, params, [gr.clone() for gr in grads], states, lr)
+        given = [gr * (grad_scale or 1) for gr in grads]
+        params, states = functional_update(group, params, given, states, lr, grad_scale=grad_scale)
         for p, r, rf in zip(params, ref, ref_fused):
             torch.testing.assert_close(p, r.detach(), atol=1e-6, rtol=1e-6)
             if group.fused:
