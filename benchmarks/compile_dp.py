@@ -235,7 +235,7 @@ def main():
         "fully_shard_vs_fsdp2_rss": ("ours_fully_shard", "fsdp2", "peak_rss_mib"),
         "fully_shard_state_vs_replicate": ("ours_fully_shard", "ours_replicate", "state_mib_per_rank"),
     }
-    ratios = {name: round(out[a][k] / out[b][k], 3) for name, (a, b, k) in pairs.items() if a in out and b in out}
+    ratios = {name: round(out[a][k] / out[b][k], 3) for name, (a, b, k) in pairs.items() if k in out.get(a, {}) and k in out.get(b, {})}
     print(json.dumps({"bench": "compile_dp", "config": "ratios", "load_avg_1m": os.getloadavg()[0], **ratios}),
           flush=True)
 
