@@ -145,11 +145,11 @@ def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dic
             flats = [b.call(ATEN.reshape.default, x, [world, -1]) for x in ins]
             if bits is not None:  # every rank's chunk gets the bits, so every rank receives their sums
                 flats.append(b.call(ATEN.expand.default, b.call(ATEN.reshape.default, bits, [1, -1]), [world, -1]))
-            flat = _cat_into_scratch(b, flats, 1, world)
+            flat = _cat_into_scratch(b, flats, 1)
             coll = b.call(bucket[0].target, flat, bucket[0].args[1], world, bucket[0].args[3], meta=meta)
         else:
             flat = _cat_into_scratch(b, [b.call(ATEN.reshape.default, x, [-1]) for x in ins]
-                                     + ([bits] if bits is not None else []), 0, 1)
+                                     + ([bits] if bits is not None else []), 0)
             # in place on the buffer the cat just made: the functional all_reduce would copy it first
             coll = b.call(C10D.all_reduce_.default, flat, bucket[0].args[1], bucket[0].args[2], meta=meta)
     coll.meta["sw_agree_carrier"] = tail is not None
@@ -175,7 +175,7 @@ def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dic
     return chain
 
 
-def _cat_into_scratch(b: Builder, parts: list, dim: int, rows: int) -> torch.fx.Node:
+def _cat_into_scratch(b: Builder, parts: list, dim: int) -> torch.fx.Node:
     """Concatenate ``parts`` into a buffer the graph keeps between steps (a ``get_attr``), returned flat.
 
     A fresh multi-MiB buffer per step would come from the allocator's ``mmap`` path and page-fault on
@@ -192,7 +192,7 @@ def _cat_into_scratch(b: Builder, parts: list, dim: int, rows: int) -> torch.fx.
     buf.meta["val"] = b.fake_mode.from_tensor(getattr(gm, name))
     buf.meta["sw_kind"] = "grad"  # no region: it is storage, placed with the inputs
     out = b.call(ATEN.cat.out, parts, dim, out=buf)
-    return b.call(ATEN.reshape.default, out, [-1]) if rows > 1 else out
+    return b.call(ATEN.reshape.default, out, [-1]) if dim else out
 
 
 def _averaged(waits: list, world: int) -> bool:
