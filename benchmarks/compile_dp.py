@@ -1,8 +1,8 @@
 """Benchmark compile-mode data parallel against DDP, FSDP2 (eager and under ``torch.compile``) and one process.
 
-MLP of 4 x Linear(1024, 1024), Adam (torch's default implementation for every configuration: the
-for-loop on CPU for the peers, the fused kernel in our traced step, which runs it when ``fused`` is
-not ``False``), batch 64 per rank, world 2 (gloo, CPU), ``torch.set_num_threads(1)`` per rank.  Each
+MLP of 4 x Linear(1024, 1024), Adam (torch's default ``fused=None`` for every configuration but
+``ddp_fused``: the for-loop on CPU for the peers, the fused kernel in our traced step, which runs it
+when ``fused`` is not ``False``; ``ddp_fused`` is eager DDP with ``Adam(fused=True)``), batch 64 per rank, world 2 (gloo, CPU), ``torch.set_num_threads(1)`` per rank.  Each
 configuration runs in fresh processes so peak RSS belongs to it alone.  Prints one JSON line per
 configuration (median step time after warm-up, peak RSS, per-rank bytes of parameters + optimizer
 state, collectives per step and the MiB they carry), then one line of ratios.  ``step_ms`` comes
@@ -38,7 +38,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DIM, LAYERS, BATCH = 1024, 4, 64
-KINDS = ("ddp", "ddp_compile", "fsdp2", "fsdp2_compile", "ours_replicate", "ours_fully_shard")
+# ddp_fused: eager DDP with Adam(fused=True), the fused kernel our traced step runs by default (an extra
+# line showing how much of the difference is the optimizer kernel)
+KINDS = ("ddp", "ddp_compile", "ddp_fused", "fsdp2", "fsdp2_compile", "ours_replicate", "ours_fully_shard")
 
 
 def make_model():
@@ -115,7 +117,7 @@ def _build(kind, rank, world):
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         fully_shard(model)
-    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=kind.endswith("_fused") or None)
     if kind.endswith("_compile"):
         model = torch.compile(model)
     return model, opt, step_fn, False
@@ -228,6 +230,7 @@ def main():
     pairs = {
         "replicate_vs_ddp_time": ("ours_replicate", "ddp", "step_ms"),
         "replicate_vs_ddp_compile_time": ("ours_replicate", "ddp_compile", "step_ms"),
+        "replicate_vs_ddp_fused_adam_time": ("ours_replicate", "ddp_fused", "step_ms"),
         "fully_shard_vs_fsdp2_time": ("ours_fully_shard", "fsdp2", "step_ms"),
         "fully_shard_vs_fsdp2_compile_time": ("ours_fully_shard", "fsdp2_compile", "step_ms"),
         "replicate_vs_single_time": ("ours_replicate", "single", "step_ms"),
