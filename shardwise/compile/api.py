@@ -15,6 +15,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass
@@ -101,9 +102,9 @@ class CompiledStep:
         # (agreement.py); the first step, and modes whose graphs carry nothing, check with a collective
         carried = check and getattr(self.mode, "carries_agreement", False) and bool(self._cache)
         if check and not carried:
-            agreement.check_now(self.mode.mesh, agreement.describe(batch, optimizer, optim_spec(optimizer)))
+            agreement.check_now(self.mode.mesh, agreement.describe(batch, optimizer, self._optim_spec(optimizer)))
         try:
-            spec = optim_spec(optimizer)
+            spec = self._optim_spec(optimizer)
             entry, local = self._prepare(model, optimizer, spec, batch)
         except Exception as exc:
             if carried:  # the other ranks are in this step's collectives: meet them there, then fail together
@@ -111,6 +112,14 @@ class CompiledStep:
             raise
         mine = agreement.describe(batch, optimizer, spec) if carried else None
         return self._run(entry, model, optimizer, local, mine)
+
+    def _optim_spec(self, optimizer):
+        spec = optim_spec(optimizer)
+        if self.gm_transformation is None:
+            return spec
+        # a transformation such as torch.compile re-traces the graph with fake tensors, and torch's fused
+        # optimizer kernels (tensor-lr overloads) have no fake implementation: trace the per-parameter update
+        return dataclasses.replace(spec, groups=tuple(dataclasses.replace(g, fused=False) for g in spec.groups))
 
     def _prepare(self, model, optimizer, spec, batch) -> tuple[_Entry, tuple]:
         """Validate, trace and build (or fetch) this call's graph; no collective, nothing mutated."""
@@ -144,7 +153,7 @@ class CompiledStep:
         from shardwise._device import mesh_device
 
         try:
-            spec = repr(optim_spec(optimizer))
+            spec = repr(self._optim_spec(optimizer))
         except (TypeError, ValueError) as e:
             spec = f"unreadable ({e})"
         mine = agreement.describe(batch, optimizer, None, error=f"{type(exc).__name__}: {exc}")

@@ -151,7 +151,9 @@ class DataParallel(ParallelMode):
         )
 
     def transform_and_compile(self, gm, gm_transformation=None):
-        run_passes(gm, self.world, self.bucket_cap_bytes, self.gather_bucket_cap_bytes)
+        # a transformation such as torch.compile functionalizes the graph: no in-place collectives for it
+        run_passes(gm, self.world, self.bucket_cap_bytes, self.gather_bucket_cap_bytes,
+                   functional=gm_transformation is not None)
         gm.recompile()
         return gm_transformation(gm) if gm_transformation is not None else gm
 

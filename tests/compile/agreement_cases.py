@@ -26,13 +26,16 @@ def _gloo_calls(fn, steps: int) -> float:
     return sum(1 for e in prof.events() if e.name.startswith("gloo:")) / steps
 
 
-def steady_state_collectives(rank, world, style, dtype=torch.float32):
+def steady_state_collectives(rank, world, style, dtype=torch.float32, transform=False):
     """After the first step, a step runs exactly its graph's collectives (the check adds none) — unless no
     gradient bucket can count exactly (bfloat16): then the bits go alone, one more collective."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(dtype)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    step = compile(parallel_mode=DataParallel(style, mesh=worker_mesh((world,))))(_step)
+    # transform: a gm_transformation (here the identity) gets a graph torch.compile could take: functional
+    # collectives, no kept buffers, the per-parameter update
+    step = compile(parallel_mode=DataParallel(style, mesh=worker_mesh((world,))),
+                   gm_transformation=(lambda gm: gm) if transform else None)(_step)
     g = torch.Generator().manual_seed(rank)
     x, y = torch.randn(4, 6, generator=g).to(dtype), torch.randn(4, 4, generator=g).to(dtype)
     step(model, opt, x, y)
@@ -47,4 +50,8 @@ def steady_state_collectives(rank, world, style, dtype=torch.float32):
         err = None
     except ValueError as e:
         err = str(e)
-    return {"per_step": per_step, "in_graph": in_graph, "carriers": carriers, "err": err}
+    targets = {str(n.target) for n in step.graph.graph.nodes if n.op == "call_function"}
+    kept = [n.target for n in step.graph.graph.nodes if n.op == "get_attr"]
+    return {"per_step": per_step, "in_graph": in_graph, "carriers": carriers, "err": err,
+            "in_place_collective": any("all_reduce_" in t for t in targets), "fused": any("_fused_" in t for t in targets),
+            "kept_buffers": len(kept)}

@@ -23,3 +23,13 @@ def test_low_precision_gradients_send_the_bits_alone():
     for r in run_on_ranks(agreement_cases.steady_state_collectives, 2, "replicate", torch.bfloat16):
         assert r["per_step"] == r["in_graph"] and sum(r["carriers"]) == 1, r
         assert r["err"] is not None and "ranks disagree on the lr" in r["err"], r
+
+
+@pytest.mark.parametrize("transform", [False, True])
+def test_a_transformation_gets_a_graph_torch_compile_can_take(transform):
+    # default: in-place bucket all-reduce into kept buffers, one fused Adam kernel per bucket; with a
+    # gm_transformation (e.g. torch.compile, which cannot functionalize those): none of them
+    for r in run_on_ranks(agreement_cases.steady_state_collectives, 2, "replicate", torch.float32, transform):
+        assert r["in_place_collective"] is not transform and r["fused"] is not transform, r
+        assert (r["kept_buffers"] > 0) is not transform, r
+        assert r["per_step"] == r["in_graph"] and "ranks disagree on the lr" in r["err"], r

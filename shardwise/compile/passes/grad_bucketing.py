@@ -66,8 +66,11 @@ _EXACT_COUNTS = (torch.float32, torch.float64)  # dtypes whose sums of 0/1 value
 
 
 def bucket_gradients(gm: torch.fx.GraphModule, world: int, cap_bytes: int,
-                     carry: torch.fx.Node | None = None) -> int:
-    """Rewrite gradient collectives into buckets; returns the number of buckets."""
+                     carry: torch.fx.Node | None = None, functional: bool = False) -> int:
+    """Rewrite gradient collectives into buckets; returns the number of buckets.
+
+    ``functional=True``: a fresh buffer per step and the out-of-place collective, for graphs handed to a
+    ``gm_transformation`` such as ``torch.compile``, which cannot functionalize the in-place ones."""
     graph = gm.graph
     b = Builder(graph)
     pos = positions(graph)
@@ -82,7 +85,7 @@ def bucket_gradients(gm: torch.fx.GraphModule, world: int, cap_bytes: int,
         if len(bucket) == 1 and tail is None:
             _hoist_single(bucket[0], last)
         else:
-            check = _rewrite(b, bucket, last, world, positions(graph), tail) or check
+            check = _rewrite(b, bucket, last, world, positions(graph), tail, functional) or check
     if carry is not None:
         _place_check(graph, check or _carry_alone(b, carry, world))
     return len(buckets)
@@ -122,7 +125,7 @@ def _hoist_single(coll: torch.fx.Node, after: torch.fx.Node) -> None:
 
 
 def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dict,
-             tail: torch.fx.Node | None = None) -> list[torch.fx.Node] | None:
+             tail: torch.fx.Node | None = None, functional: bool = False) -> list[torch.fx.Node] | None:
     """One collective for ``bucket``; with ``tail`` (agreement bits) returns the ``[wait, sums, check]`` nodes."""
     from ..agreement import check_sums
 
@@ -145,13 +148,14 @@ def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dic
             flats = [b.call(ATEN.reshape.default, x, [world, -1]) for x in ins]
             if bits is not None:  # every rank's chunk gets the bits, so every rank receives their sums
                 flats.append(b.call(ATEN.expand.default, b.call(ATEN.reshape.default, bits, [1, -1]), [world, -1]))
-            flat = _cat_into_scratch(b, flats, 1)
+            flat = _concat(b, flats, 1, functional)
             coll = b.call(bucket[0].target, flat, bucket[0].args[1], world, bucket[0].args[3], meta=meta)
         else:
-            flat = _cat_into_scratch(b, [b.call(ATEN.reshape.default, x, [-1]) for x in ins]
-                                     + ([bits] if bits is not None else []), 0)
+            flat = _concat(b, [b.call(ATEN.reshape.default, x, [-1]) for x in ins]
+                           + ([bits] if bits is not None else []), 0, functional)
             # in place on the buffer the cat just made: the functional all_reduce would copy it first
-            coll = b.call(C10D.all_reduce_.default, flat, bucket[0].args[1], bucket[0].args[2], meta=meta)
+            op = C10D.all_reduce.default if functional else C10D.all_reduce_.default
+            coll = b.call(op, flat, bucket[0].args[1], bucket[0].args[2], meta=meta)
     coll.meta["sw_agree_carrier"] = tail is not None
     chain = None
     with graph.inserting_before(first):
@@ -173,6 +177,13 @@ def _rewrite(b: Builder, bucket: list, last: torch.fx.Node, world: int, pos: dic
         for dead in (o, w, c) if avg else (w, c):
             graph.erase_node(dead)
     return chain
+
+
+def _concat(b: Builder, parts: list, dim: int, functional: bool) -> torch.fx.Node:
+    if functional:
+        out = b.call(ATEN.cat.default, parts, dim)
+        return b.call(ATEN.reshape.default, out, [-1]) if dim else out
+    return _cat_into_scratch(b, parts, dim)
 
 
 def _cat_into_scratch(b: Builder, parts: list, dim: int) -> torch.fx.Node:
