@@ -1,16 +1,22 @@
-"""Benchmark compile-mode data parallel against DDP, FSDP2 and one process.
+"""Benchmark compile-mode data parallel against DDP, FSDP2 (eager and under ``torch.compile``) and one process.
 
-MLP of 4 x Linear(1024, 1024), Adam, batch 64 per rank, world 2 (gloo, CPU),
-``torch.set_num_threads(1)`` per rank.  Each configuration runs in fresh
-processes so peak RSS belongs to it alone.  Prints one JSON line per
-configuration (median step time after warm-up, peak RSS, per-rank bytes of
-parameters + optimizer state), then one line of ratios.  ``step_ms`` comes
-from one process group running all distributed configurations round-robin
-(a shared CPU's load drift then hits every configuration alike);
-``step_ms_isolated`` and the memory figures from fresh processes per
-configuration.
+MLP of 4 x Linear(1024, 1024), Adam (torch's default ``fused=None`` for every configuration but
+``ddp_fused``: the for-loop on CPU for the peers, the fused kernel in our traced step, which runs it
+when ``fused`` is not ``False``; ``ddp_fused`` is eager DDP with ``Adam(fused=True)``), batch 64 per rank, world 2 (gloo, CPU), ``torch.set_num_threads(1)`` per rank.  Each
+configuration runs in fresh processes so peak RSS belongs to it alone.  Prints one JSON line per
+configuration (median step time after warm-up, peak RSS, per-rank bytes of parameters + optimizer
+state, collectives per step and the MiB they carry), then one line of ratios.  ``step_ms`` comes
+from one process group running all distributed configurations round-robin (a shared CPU's load
+drift then hits every configuration alike); ``step_ms_isolated`` and the memory figures from fresh
+processes per configuration.  ``*_compile`` peers wrap the DDP / FSDP2 model in ``torch.compile``
+(inductor; the optimizer step stays eager, as in their tutorials); their first steps compile, so they
+get the warm-up.
 
-    .venv/bin/python benchmarks/compile_dp.py [--steps 20] [--warmup 5]
+Collectives are counted from the profiler's ``gloo:*`` events (the backend's own records, so DDP's
+and FSDP2's C++ collectives count too; the benchmark's barriers are left out): ``collectives_per_step``
+and ``collective_mib_per_step`` (the input bytes each rank hands to gloo).
+
+    .venv/bin/python benchmarks/compile_dp.py [--steps 20] [--warmup 5] [--configs ddp,ours_replicate]
 """
 from __future__ import annotations
 
@@ -32,6 +38,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DIM, LAYERS, BATCH = 1024, 4, 64
+# ddp_fused: eager DDP with Adam(fused=True), the fused kernel our traced step runs by default (an extra
+# line showing how much of the difference is the optimizer kernel)
+KINDS = ("ddp", "ddp_compile", "ddp_fused", "fsdp2", "fsdp2_compile", "ours_replicate", "ours_fully_shard")
 
 
 def make_model():
@@ -58,6 +67,37 @@ def _state_bytes(model, optimizer) -> int:
     return total
 
 
+_TYPE_BYTES = {"float": 4, "double": 8, "c10::BFloat16": 2, "c10::Half": 2, "long int": 8, "int": 4,
+               "unsigned char": 1, "bool": 1}
+
+
+def count_collectives(call, steps: int = 3) -> dict:
+    """Collectives per step and the MiB this rank hands to them, from the profiler's gloo events."""
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(steps):
+            call()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    calls, nbytes = 0, 0
+    for ev in events:
+        name = ev.get("name", "")
+        if not name.startswith("gloo:") or name == "gloo:barrier":
+            continue
+        calls += 1
+        args = ev.get("args", {})
+        for dims, typ in zip(args.get("Input Dims", []), args.get("Input type", [])):
+            n = 1
+            for d in dims if isinstance(dims, list) else []:
+                n *= d
+            nbytes += n * _TYPE_BYTES.get(typ, 4)
+    return {"collectives_per_step": round(calls / steps, 2), "collective_mib_per_step": round(nbytes / steps / 2**20, 3)}
+
+
 def _build(kind, rank, world):
     model = make_model()
     if kind in ("ours_replicate", "ours_fully_shard"):
@@ -68,16 +108,19 @@ def _build(kind, rank, world):
         # each rank passes its own slice, like DDP (mesh: every rank of the default group)
         step = compile(parallel_mode=DataParallel(style))(step_fn)
         return model, opt, step, False
-    if kind == "ddp":
+    if kind.startswith("ddp"):
         model = nn.parallel.DistributedDataParallel(model)
-    elif kind == "fsdp2":
+    elif kind.startswith("fsdp2"):
         from torch.distributed.fsdp import fully_shard
 
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
         fully_shard(model)
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3), step_fn, False
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=kind.endswith("_fused") or None)
+    if kind.endswith("_compile"):
+        model = torch.compile(model)
+    return model, opt, step_fn, False
 
 
 def _worker(rank, world, kind, port, steps, warmup, queue):
@@ -120,7 +163,11 @@ def _interleaved_worker(rank, world, kinds, port, steps, warmup, queue):
             t0 = time.perf_counter()
             step(model, opt, *((x, y) if global_batch else (xl, yl)))
             times[k].append(time.perf_counter() - t0)
-    queue.put((rank, {k: statistics.median(v[warmup:]) for k, v in times.items()}))
+    counts = {}
+    for k in kinds:
+        model, opt, step, global_batch = built[k]
+        counts[k] = count_collectives(lambda: step(model, opt, *((x, y) if global_batch else (xl, yl))))
+    queue.put((rank, {k: statistics.median(v[warmup:]) for k, v in times.items()}, counts))
     dist.destroy_process_group()
 
 
@@ -139,9 +186,10 @@ def _spawn(target, world, *args):
     return res
 
 
-def run_interleaved(kinds, world, steps, warmup) -> dict:
+def run_interleaved(kinds, world, steps, warmup) -> tuple[dict, dict]:
+    """Per config: the slowest rank's median step ms, and rank 0's collectives per step."""
     res = _spawn(_interleaved_worker, world, kinds, steps, warmup)
-    return {k: round(1000 * max(r[1][k] for r in res), 2) for k in kinds}
+    return {k: round(1000 * max(r[1][k] for r in res), 2) for k in kinds}, res[0][2]
 
 
 def run(kind, world, steps, warmup) -> dict:
@@ -159,28 +207,40 @@ def main():
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--skip-isolated", action="store_true", help="round-robin timings and counts only (no RSS)")
+    ap.add_argument("--configs", default=",".join(KINDS), help="comma-separated subset of " + ",".join(KINDS))
     args = ap.parse_args()
-    kinds = ["ddp", "fsdp2", "ours_replicate", "ours_fully_shard"]
+    kinds = [k for k in args.configs.split(",") if k]
     # step time: all distributed configs interleaved in one process group (robust to load drift)
-    timed = run_interleaved(kinds, args.world, args.steps, args.warmup)
+    timed, counts = run_interleaved(kinds, args.world, args.steps, args.warmup)
     out = {}
     for kind, world in [("single", 1)] + [(k, args.world) for k in kinds]:
-        # memory (and an isolated step time) from fresh processes per configuration
-        rec = run(kind, world, max(5, args.steps // 2), args.warmup)
-        rec["step_ms_isolated"] = rec.pop("step_ms")
-        rec["step_ms"] = timed.get(kind, rec["step_ms_isolated"])
+        if args.skip_isolated:
+            rec = {"bench": "compile_dp", "config": kind, "world": world, "batch_per_rank": BATCH}
+            if kind == "single":
+                continue
+        else:  # memory (and an isolated step time) from fresh processes per configuration
+            rec = run(kind, world, max(5, args.steps // 2), args.warmup)
+            rec["step_ms_isolated"] = rec.pop("step_ms")
+        rec["step_ms"] = timed.get(kind, rec.get("step_ms_isolated"))
+        rec.update(counts.get(kind, {}))
+        rec["load_avg_1m"] = round(os.getloadavg()[0], 2)
         out[kind] = rec
         print(json.dumps(rec), flush=True)
-    ratio = lambda a, b, k: round(out[a][k] / out[b][k], 3)  # noqa: E731
-    print(json.dumps({
-        "bench": "compile_dp", "config": "ratios",
-        "replicate_vs_ddp_time": ratio("ours_replicate", "ddp", "step_ms"),
-        "fully_shard_vs_fsdp2_time": ratio("ours_fully_shard", "fsdp2", "step_ms"),
-        "replicate_vs_single_time": ratio("ours_replicate", "single", "step_ms"),
-        "replicate_vs_ddp_rss": ratio("ours_replicate", "ddp", "peak_rss_mib"),
-        "fully_shard_vs_fsdp2_rss": ratio("ours_fully_shard", "fsdp2", "peak_rss_mib"),
-        "fully_shard_state_vs_replicate": ratio("ours_fully_shard", "ours_replicate", "state_mib_per_rank"),
-    }), flush=True)
+    pairs = {
+        "replicate_vs_ddp_time": ("ours_replicate", "ddp", "step_ms"),
+        "replicate_vs_ddp_compile_time": ("ours_replicate", "ddp_compile", "step_ms"),
+        "replicate_vs_ddp_fused_adam_time": ("ours_replicate", "ddp_fused", "step_ms"),
+        "fully_shard_vs_fsdp2_time": ("ours_fully_shard", "fsdp2", "step_ms"),
+        "fully_shard_vs_fsdp2_compile_time": ("ours_fully_shard", "fsdp2_compile", "step_ms"),
+        "replicate_vs_single_time": ("ours_replicate", "single", "step_ms"),
+        "replicate_vs_ddp_rss": ("ours_replicate", "ddp", "peak_rss_mib"),
+        "fully_shard_vs_fsdp2_rss": ("ours_fully_shard", "fsdp2", "peak_rss_mib"),
+        "fully_shard_state_vs_replicate": ("ours_fully_shard", "ours_replicate", "state_mib_per_rank"),
+    }
+    ratios = {name: round(out[a][k] / out[b][k], 3) for name, (a, b, k) in pairs.items() if k in out.get(a, {}) and k in out.get(b, {})}
+    print(json.dumps({"bench": "compile_dp", "config": "ratios", "load_avg_1m": os.getloadavg()[0], **ratios}),
+          flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ Example::
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from . import agreement
 from .modes import ParallelMode, Signature
 from .optim import optim_spec
 from .tracing import JointGraph, trace_joint
@@ -60,6 +62,7 @@ class _Entry:
     gm: torch.fx.GraphModule
     sig: Signature
     joint: JointGraph
+    mutated_buffers: tuple[str, ...] = ()
 
 
 class CompiledStep:
@@ -79,7 +82,8 @@ class CompiledStep:
         self._owner: tuple[int, int] | None = None
         self._cache: dict[Any, _Entry] = {}  # insertion order = least recently used first
         self.traces = 0
-        # compare batch layout and hyper-parameters across ranks on every call (one tiny all-gather)
+        # compare batch layout and hyper-parameters across ranks on every call (agreement.py): carried
+        # by the graph's first gradient bucket, or one 32-float all-reduce where a graph carries nothing
         self.check_ranks = True
 
     @property
@@ -93,11 +97,34 @@ class CompiledStep:
                 f"the compiled step's first argument must be the torch.nn.Module, got "
                 f"{type(model).__name__}; call it as step(model, optimizer, *batch)"
             )
+        check = self.check_ranks and getattr(self.mode.mesh, "ndim", 0) == 1
+        # after the first step a DataParallel graph carries the check in its first gradient bucket
+        # (agreement.py); the first step, and modes whose graphs carry nothing, check with a collective
+        carried = check and getattr(self.mode, "carries_agreement", False) and bool(self._cache)
+        if check and not carried:
+            agreement.check_now(self.mode.mesh, agreement.describe(batch, optimizer, self._optim_spec(optimizer)))
+        try:
+            spec = self._optim_spec(optimizer)
+            entry, local = self._prepare(model, optimizer, spec, batch)
+        except Exception as exc:
+            if carried:  # the other ranks are in this step's collectives: meet them there, then fail together
+                self._fail_together(exc, batch, optimizer)
+            raise
+        mine = agreement.describe(batch, optimizer, spec) if carried else None
+        return self._run(entry, model, optimizer, local, mine)
+
+    def _optim_spec(self, optimizer):
         spec = optim_spec(optimizer)
+        if self.gm_transformation is None:
+            return spec
+        # a transformation such as torch.compile re-traces the graph with fake tensors, and torch's fused
+        # optimizer kernels (tensor-lr overloads) have no fake implementation: trace the per-parameter update
+        return dataclasses.replace(spec, groups=tuple(dataclasses.replace(g, fused=False) for g in spec.groups))
+
+    def _prepare(self, model, optimizer, spec, batch) -> tuple[_Entry, tuple]:
+        """Validate, trace and build (or fetch) this call's graph; no collective, nothing mutated."""
         local = self.mode.local_batch(batch)
         joint = None
-        if self.check_ranks and getattr(self.mode.mesh, "ndim", 0) == 1:
-            _check_ranks_agree(self.mode.mesh, spec, batch, optimizer)
         if self._owner is None:
             # Trace before touching the model: a step that cannot be traced
             # fails with the model and optimizer unchanged.
@@ -118,7 +145,21 @@ class CompiledStep:
             self._evict_for_one_more()
         self._cache[key] = entry  # (re)inserted last: most recently used
         self._last = entry
-        return self._run(entry, model, optimizer, local)
+        return entry, local
+
+    def _fail_together(self, exc: Exception, batch, optimizer) -> None:
+        """This rank could not build its step while the others run theirs: replay the last graph's
+        collectives with a poisoned agreement carrier, then raise what every rank raises."""
+        from shardwise._device import mesh_device
+
+        try:
+            spec = repr(self._optim_spec(optimizer))
+        except (TypeError, ValueError) as e:
+            spec = f"unreadable ({e})"
+        mine = agreement.describe(batch, optimizer, None, error=f"{type(exc).__name__}: {exc}")
+        mine["optimizer"] = spec
+        agreement.replay_collectives(self._last.gm, mesh_device(self.mode.mesh))
+        agreement.explain(self.mode.mesh.get_group(), mine)
 
     def _evict_for_one_more(self) -> None:
         while len(self._cache) >= max(int(self.max_traces), 1):
@@ -161,9 +202,9 @@ class CompiledStep:
         gm, sig = self.mode.partition(joint, self.state, spec, local, joint.fake_mode)
         fn = self.mode.transform_and_compile(gm, self.gm_transformation)
         self.traces += 1
-        return _Entry(fn, gm, sig, joint)
+        return _Entry(fn, gm, sig, joint, tuple(agreement.mutated_buffers(gm)))
 
-    def _run(self, entry: _Entry, model, optimizer, local: tuple):
+    def _run(self, entry: _Entry, model, optimizer, local: tuple, mine: dict | None):
         st = self.state
         buffers = dict(model.named_buffers())
         batch_t = [t for t in pytree.tree_leaves(local) if isinstance(t, torch.Tensor)]
@@ -178,10 +219,23 @@ class CompiledStep:
                 args.append(st.states[a][b])
             elif kind == "lr":
                 args.append(torch.tensor(optimizer.param_groups[a]["lr"], dtype=torch.float64, device=device))
+            elif kind == "agree":  # no bits to compare on the first step (checked before it) or unchecked
+                args.append(agreement.digest_bits(mine, device) if mine is not None else
+                            torch.zeros(agreement.DIGEST_BITS, dtype=torch.float32, device=device))
             else:
                 args.append(batch_t[a])
-        with torch.no_grad():
-            outs = entry.fn(*args)
+        saved = {n: buffers[n].clone() for n in entry.mutated_buffers} if mine is not None else {}
+        try:
+            with torch.no_grad():
+                outs = entry.fn(*args)
+        except agreement.RanksDisagree:
+            # raised on every rank at once, before the optimizer wrote anything; only buffers the
+            # forward updated (BatchNorm statistics) need their old values back
+            with torch.no_grad():
+                for n, old in saved.items():
+                    buffers[n].copy_(old)
+            agreement.explain(self.mode.mesh.get_group(), mine)
+            raise AssertionError("the agreement bits differed but every rank described the same step")
         user, new_p, new_s = [], {}, {}
         for (kind, a, b), v in zip(entry.sig.outputs, outs):
             if kind == "user":
@@ -196,39 +250,6 @@ class CompiledStep:
         it = iter(user)
         leaves = [next(it) if is_t else c for is_t, c in entry.joint.out_consts]
         return pytree.tree_unflatten(leaves, entry.joint.out_spec)
-
-
-def _check_ranks_agree(mesh, spec, batch, optimizer) -> None:
-    """Every call: all ranks must step with the same batch shapes and hyper-parameters (lr included),
-    or the replicas would silently diverge (and an average of gradients over unequal local batches is
-    not the gradient of the whole batch). One 8-byte all-gather of a digest (crc32, not
-    Python's per-process hash); only on a mismatch are the details gathered, and every rank raises."""
-    import zlib
-
-    import torch.distributed as dist
-
-    from shardwise._device import mesh_device
-
-    leaves = pytree.tree_leaves(batch)
-    desc = [(tuple(x.shape), str(x.dtype)) if isinstance(x, torch.Tensor) else repr(x) for x in leaves]
-    mine = {"batch": repr(desc), "lr": repr([g["lr"] for g in optimizer.param_groups]), "optimizer": repr(spec)}
-    group = mesh.get_group()
-    digest = zlib.crc32("|".join(mine.values()).encode())
-    device = mesh_device(mesh)
-    gathered = torch.empty(dist.get_world_size(group), dtype=torch.int64, device=device)
-    dist.all_gather_single(gathered, torch.tensor([digest], dtype=torch.int64, device=device), group=group)
-    if bool((gathered == gathered[0]).all()):
-        return
-    details = [None] * dist.get_world_size(group)
-    dist.all_gather_object(details, mine, group=group)
-    for what in ("batch", "lr", "optimizer"):
-        values = [d[what] for d in details]
-        if len(set(values)) > 1:
-            diffs = "; ".join(f"rank {r}: {v}" for r, v in enumerate(values) if v != values[0])
-            raise ValueError(
-                f"compiled step: ranks disagree on the {what} (rank 0: {values[0]}; {diffs}); data parallel needs "
-                "the same batch shapes and optimizer settings on every rank (drop or pad a ragged last batch)"
-            )
 
 
 def _hashable(x) -> bool:

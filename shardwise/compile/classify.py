@@ -9,6 +9,10 @@ Keys written:
 * ``sw_region``: ``forward`` or ``backward`` (joint graph only), recorded
   while tracing: a node is ``backward`` iff autograd created it.
 
+The per-rank data-parallel graph adds ``agreement`` (the ranks' agreement bits, ``agreement.py``) to
+``sw_kind``, and ``sw_writes`` (``[(kind, fqn), ...]``) on a fused optimizer kernel, which writes many
+parameters and states at once.
+
 Placeholders are tagged from the traced function's signature (we built the
 argument lists, so we know which input is which) and gradients from the
 output list, never from counts or batch-size matching.

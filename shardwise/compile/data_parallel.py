@@ -59,6 +59,8 @@ class DataParallel(ParallelMode):
     Example: see the ``shardwise.compile`` package's (a ``DataParallel("fully_shard")`` step).
     """
 
+    carries_agreement = True  # its graphs carry the ranks' agreement check in a gradient bucket
+
     def __init__(
         self,
         *args,
@@ -144,11 +146,14 @@ class DataParallel(ParallelMode):
 
     def partition(self, joint, state, spec, local_batch, fake_mode):
         return build_dp_graph(
-            joint, state, spec, self.world, self.mesh.get_group().group_name, fake_mode, local_batch
+            joint, state, spec, self.world, self.mesh.get_group().group_name, fake_mode, local_batch,
+            self.bucket_cap_bytes,
         )
 
     def transform_and_compile(self, gm, gm_transformation=None):
-        run_passes(gm, self.world, self.bucket_cap_bytes, self.gather_bucket_cap_bytes)
+        # a transformation such as torch.compile functionalizes the graph: no in-place collectives for it
+        run_passes(gm, self.world, self.bucket_cap_bytes, self.gather_bucket_cap_bytes,
+                   functional=gm_transformation is not None)
         gm.recompile()
         return gm_transformation(gm) if gm_transformation is not None else gm
 

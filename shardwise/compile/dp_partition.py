@@ -3,12 +3,14 @@
 Layout of the result (before passes reorder collectives):
 
 * placeholders: parameter storage (full or padded shard), buffers,
-  optimizer state, one float64 learning rate per param group, batch tensors;
+  optimizer state, one float64 learning rate per param group, the ranks' agreement bits (world > 1;
+  a gradient bucket carries them, see ``agreement.py``), batch tensors;
 * for a sharded parameter, one all-gather feeds forward uses and a second
   one feeds backward uses (forward-only views of the parameter are
   recomputed from it), so nothing gathered stays alive in between;
 * each gradient is all-reduced (replicated) or padded and reduce-scattered
-  (sharded), then divided by the world size (DDP's averaging);
+  (sharded), then divided by the world size (DDP's averaging): inside the optimizer's fused kernel
+  (its ``grad_scale``, no pass of its own), or by a division before a per-parameter update;
 * the optimizer, traced on shard shapes, is inlined last; it updates the
   parameter/state placeholders in place, like torch (these writes come
   after every read of the parameter in forward and backward).
@@ -23,6 +25,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from .agreement import DIGEST_BITS
 from .classify import param_derived
 from .graph_utils import ATEN, C10D, Builder
 from .modes import Signature
@@ -80,6 +83,10 @@ class _DPBuilder:
             lr = torch.zeros((), dtype=torch.float64, device=_device(st))
             self.lr_ph.append(b.placeholder(f"lr_{gi}", lr, {"sw_kind": "hparam"}))
             self.sig.inputs.append(("lr", gi, None))
+        if self.world > 1:  # the ranks' agreement bits, carried by a gradient bucket (agreement.py)
+            bits = torch.zeros(DIGEST_BITS, dtype=torch.float32, device=_device(st))
+            b.placeholder("agree_bits", bits, {"sw_kind": "agreement", "sw_group": self.gname})
+            self.sig.inputs.append(("agree", None, None))
         batch_ph = [n for n in jph if n.meta["sw_kind"] == "input"]
         for i, (node, t) in enumerate(zip(batch_ph, local_batch_tensors)):
             self.env[node] = b.placeholder(f"input_{i}", t, {"sw_kind": "input", "sw_fqn": None})
@@ -153,23 +160,32 @@ class _DPBuilder:
             red = b.call(C10D.reduce_scatter_tensor.default, grad, "sum", self.world, self.gname, meta=meta)
         else:
             red = b.call(C10D.all_reduce.default, grad, "sum", self.gname, meta=meta)
-        red = b.call(C10D.wait_tensor.default, red, meta=meta)
-        return b.call(ATEN.div.Tensor, red, self.world, meta=meta)
+        return b.call(C10D.wait_tensor.default, red, meta=meta)  # a sum: the optimizer averages
 
     # -- optimizer -----------------------------------------------------------------------------
-    def inline_optimizer(self, grads: dict[str, torch.fx.Node], order: list[str]) -> tuple[list, list]:
-        """Inline the optimizer, updating parameters in ``order`` (gradient readiness)."""
+    def inline_optimizer(self, grads: dict[str, torch.fx.Node], order: list[str], bucket_of: dict) -> tuple[list, list]:
+        """Inline the optimizer, updating parameters in ``order`` (gradient readiness), one call per run of
+        parameters sharing a param group and a gradient bucket: with fused kernels each bucket's update
+        starts as soon as that bucket arrives, while later buckets are still in flight."""
         fqns = order
         st, spec = self.state, self.spec
         names = {f: sorted(self.state_ph[f]) for f in fqns}
+        runs: list[list[int]] = []
+        for i, f in enumerate(fqns):
+            key = (st.group_of[f], bucket_of.get(f))
+            if runs and (st.group_of[fqns[runs[-1][0]]], bucket_of.get(fqns[runs[-1][0]])) == key:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
 
         def opt_fn(shards, gs, states, lrs):
             new_p, new_s = [], []
-            for gi, group in enumerate(spec.groups):
-                idx = [i for i, f in enumerate(fqns) if st.group_of[f] == gi]
+            for idx in runs:
+                gi = st.group_of[fqns[idx[0]]]
+                group = spec.groups[gi]
                 ps, ss = functional_update(
                     group, [shards[i] for i in idx], [gs[i] for i in idx],
-                    [dict(zip(names[fqns[i]], states[i])) for i in idx], lrs[gi],
+                    [dict(zip(names[fqns[i]], states[i])) for i in idx], lrs[gi], grad_scale=self.world,
                 )
                 for i, p, s in zip(idx, ps, ss):
                     new_p.append((i, p))
@@ -218,11 +234,15 @@ def _inline(graph: torch.fx.Graph, sub: torch.fx.GraphModule, inputs: list) -> l
         else:
             is_t = isinstance(new.meta.get("val"), torch.Tensor)
             new.meta["sw_kind"], new.meta["sw_fqn"] = ("activation" if is_t else "non_tensor"), None
+            new.meta["sw_writes"] = _list_writes(new)
     raise AssertionError("optimizer graph without output")
 
 
-def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, local_batch):
+def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, local_batch,
+                   bucket_cap_bytes: int = 4 << 20):
     """Return ``(GraphModule, Signature)`` for this rank (see module docstring)."""
+    from .passes.grad_bucketing import plan_buckets, sync_collectives
+
     d = _DPBuilder(joint, state, spec, world, group_name, fake_mode)
     d.add_placeholders([t for t in pytree.tree_leaves(local_batch) if isinstance(t, torch.Tensor)])
     outs = d.copy_joint()
@@ -233,7 +253,10 @@ def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, l
     # optimizer starts on the first synced bucket while later buckets are still in flight
     pos = {n: i for i, n in enumerate(d.graph.nodes)}
     order = sorted(d.updated(), key=lambda f: pos[grad_of[f]])
-    new_params, new_states = d.inline_optimizer(synced, order)
+    # the buckets the gradient pass will form (the same pure plan on the same graph order)
+    buckets = plan_buckets(sync_collectives(d.graph), pos, bucket_cap_bytes)
+    bucket_of = {c.meta["sw_fqn"]: k for k, bucket in enumerate(buckets) for c in bucket}
+    new_params, new_states = d.inline_optimizer(synced, order, bucket_of)
     # Write results into the storage right where they are computed: the
     # DTensors in the model/optimizer view that storage, and each temporary
     # dies immediately instead of all new state being alive at the end.
@@ -256,12 +279,27 @@ def build_dp_graph(joint, state, spec, world: int, group_name: str, fake_mode, l
     return gm, d.sig
 
 
+def _list_writes(node) -> list[tuple[str, str]]:
+    """``(kind, fqn)`` of every placeholder a list-mutating op (a fused optimizer kernel) writes."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return []
+    out = []
+    for i, arg in enumerate(node.target._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write or i >= len(node.args):
+            continue
+        if isinstance(node.args[i], (list, tuple)):
+            out += [(n.meta.get("sw_kind"), n.meta.get("sw_fqn")) for n in node.args[i]
+                    if isinstance(n, torch.fx.Node) and n.op == "placeholder"]
+    return out
+
+
 def _alias_root(node):
     """Follow in-place ops (``x.add_(...)`` returns ``x``) back to the mutated tensor."""
     while isinstance(node, torch.fx.Node) and node.op == "call_function" and isinstance(
             node.target, torch._ops.OpOverload):
         args = node.target._schema.arguments
-        if not (args and args[0].alias_info is not None and args[0].alias_info.is_write):
+        if not (args and args[0].alias_info is not None and args[0].alias_info.is_write
+                and isinstance(node.args[0], torch.fx.Node)):  # a fused optimizer writes lists: no single root
             break
         node = node.args[0]
     return node

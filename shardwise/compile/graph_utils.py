@@ -23,6 +23,7 @@ C10D = torch.ops._c10d_functional
 ATEN = torch.ops.aten
 COLLECTIVES = {
     C10D.all_reduce.default: "all_reduce",
+    C10D.all_reduce_.default: "all_reduce",  # in place, on a buffer the graph made (gradient buckets)
     C10D.all_gather_into_tensor.default: "all_gather",
     C10D.reduce_scatter_tensor.default: "reduce_scatter",
 }

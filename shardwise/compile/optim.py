@@ -6,8 +6,17 @@ which a replayed graph cannot follow.  Here the update is a function of
 learning rate and the step count are tensor *inputs* (so a scheduler changes
 them without a new trace), every other hyper-parameter is a traced-in
 constant guarded by :class:`OptimSpec`.  Like torch, it updates parameters
-and state in place, so a step allocates no new full-size buffers.  The arithmetic follows torch's single-tensor
-implementations so results agree to float rounding.
+and state in place, so a step allocates no new full-size buffers.
+
+Two implementations, picked per param group by its ``fused`` option:
+
+* ``fused=None`` (torch's default) or ``True``: torch's fused kernel (``torch._fused_adam_`` and
+  friends), one call for a whole list of parameters, on devices that have it (CPU, CUDA); the numbers
+  are those of ``torch.optim.Adam(..., fused=True)`` (within float rounding of the for-loop
+  implementation: one ulp per step, as between torch's own implementations).
+* ``fused=False``: per-parameter ops following torch's single-tensor implementation (the one eager
+  ``torch.optim`` runs on CPU by default), for bit-level agreement with it at the cost of ~10 kernels
+  per parameter.
 
 Example::
 
@@ -31,8 +40,9 @@ _SUPPORTED = {
     "adamw": {"betas", "eps", "weight_decay", "maximize"},
 }
 # Options that only pick an implementation (same numerics) and can be ignored.
-_IGNORED = {"foreach", "capturable", "params", "lr", "initial_lr", "decoupled_weight_decay"}
-_MUST_BE_FALSY = {"fused", "differentiable", "amsgrad"}
+_IGNORED = {"foreach", "capturable", "params", "lr", "initial_lr", "decoupled_weight_decay", "fused"}
+_MUST_BE_FALSY = {"differentiable", "amsgrad"}
+_FUSED_DEVICES = ("cpu", "cuda")  # where torch has the fused kernels for all three optimizers
 
 
 @dataclass(frozen=True)
@@ -41,6 +51,7 @@ class GroupSpec:
 
     kind: str
     hparams: tuple[tuple[str, Any], ...]
+    fused: bool = False  # run torch's fused kernel where the device has one (see the module docstring)
 
     def get(self, name: str) -> Any:
         return dict(self.hparams)[name]
@@ -86,7 +97,7 @@ def optim_spec(optimizer: Any) -> OptimSpec:
             raise TypeError(f"param_groups[{i}]['lr'] must be a Python float, got {group['lr']!r}; set it with "
                             "float(lr) (the compiled step reads lr on every call, so schedulers need no tensor lr)")
         hp = tuple(sorted((k, _freeze(group[k])) for k in _SUPPORTED[kind] if k in group))
-        groups.append(GroupSpec(kind, hp))
+        groups.append(GroupSpec(kind, hp, fused=group.get("fused") is not False))
     return OptimSpec(kind, tuple(groups))
 
 
@@ -103,8 +114,11 @@ def state_names(group: GroupSpec, has_state: bool) -> tuple[str, ...]:
     return ("step", "exp_avg", "exp_avg_sq")
 
 
-def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor):
+def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor, grad_scale: int | None = None):
     """Return ``(new_params, new_states)``; ``states[i]`` maps name -> tensor.
+
+    ``grad_scale``: the gradients are ``grad_scale`` times the ones to apply (sums over data-parallel
+    ranks): the fused kernel divides while it reads them, the per-parameter path divides first.
 
     Parameters and existing state are updated in place (as torch does: no
     fresh full-size buffers per step) and returned; only lazily created
@@ -112,6 +126,10 @@ def functional_update(group: GroupSpec, params, grads, states, lr: torch.Tensor)
     tensor so the update sees the same value as torch's Python-float math.
     In a graph these in-place ops come after every read of the parameter.
     """
+    if group.fused and _fusable(params, grads):
+        return _fused_update(group, params, grads, states, lr, grad_scale)
+    if grad_scale is not None:
+        grads = [None if g is None else g.div(grad_scale) for g in grads]
     fn = _sgd if group.kind == "sgd" else _adam
     new_p, new_s = [], []
     for p, g, s in zip(params, grads, states):
@@ -163,6 +181,51 @@ def _adam(group: GroupSpec, p, g, s, lr):
     denom = v.sqrt().div_(bc2_sqrt.to(p.dtype)).add_(eps)
     p.addcmul_(torch.div(m, denom, out=denom), neg_step_size)
     return p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
+
+
+def _fusable(params, grads) -> bool:
+    live = [(p, g) for p, g in zip(params, grads) if g is not None]
+    return bool(live) and all(
+        p.device.type in _FUSED_DEVICES and p.is_floating_point() and g.dtype == p.dtype and g.device == p.device
+        for p, g in live
+    )
+
+
+def _fused_update(group: GroupSpec, params, grads, states, lr, grad_scale: int | None):
+    """One fused-kernel call for every parameter with a gradient (torch's ``fused=True`` path)."""
+    live = [i for i, g in enumerate(grads) if g is not None]
+    ps, gs = [params[i] for i in live], [grads[i] for i in live]
+    if ps[0].device.type != "cpu":
+        lr = lr.to(torch.float32)  # the CUDA kernels read a float32 rate
+    # the kernels' loss-scale input divides each gradient as it is read (exactly a division: no extra pass)
+    scale = None if grad_scale is None else torch.full((), float(grad_scale), dtype=torch.float32, device=ps[0].device)
+    new_s = [dict(s) for s in states]
+    if group.kind == "sgd":
+        mom = group.get("momentum")
+        bufs, first = [], False
+        if mom != 0:
+            first = any(states[i].get("momentum_buffer") is None for i in live)
+            # the kernel copies the gradient into a new buffer on the first step, as torch does
+            bufs = [torch.empty_like(g) if first else states[i]["momentum_buffer"] for i, g in zip(live, gs)]
+            for i, b in zip(live, bufs):
+                new_s[i]["momentum_buffer"] = b
+        torch._fused_sgd_(
+            ps, gs, bufs, weight_decay=group.get("weight_decay"), momentum=mom, lr=lr,
+            dampening=group.get("dampening"), nesterov=group.get("nesterov"), maximize=group.get("maximize"),
+            is_first_step=first, grad_scale=scale,
+        )
+        return list(params), new_s
+    steps = [states[i]["step"] for i in live]
+    for st in steps:  # torch increments the counts before the kernel reads them
+        st.add_(1)
+    kernel = torch._fused_adamw_ if group.kind == "adamw" else torch._fused_adam_
+    beta1, beta2 = group.get("betas")
+    kernel(
+        ps, gs, [states[i]["exp_avg"] for i in live], [states[i]["exp_avg_sq"] for i in live], [], steps,
+        lr=lr, beta1=beta1, beta2=beta2, weight_decay=group.get("weight_decay"), eps=group.get("eps"),
+        amsgrad=False, maximize=group.get("maximize"), grad_scale=scale,
+    )
+    return list(params), new_s
 
 
 def init_state(group: GroupSpec, shard: torch.Tensor, has_state: bool) -> dict[str, torch.Tensor]:

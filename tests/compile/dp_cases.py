@@ -175,8 +175,10 @@ def graph_kinds(rank, world, style):
         "placeholders": sorted({(n.meta["sw_kind"], n.meta.get("sw_fqn") is not None) for n in nodes if n.op == "placeholder"}),
         "regions": dict(Counter(n.meta.get("sw_region") for n in nodes if n.op == "call_function")),
         "grad_fqns": sorted({n.meta["sw_fqn"] for n in nodes if n.meta.get("sw_kind") == "grad" and n.meta.get("sw_fqn")}),
-        "writes": sorted({(n.meta["sw_kind"], n.meta["sw_fqn"]) for n in nodes
-                          if n.meta.get("sw_region") == "optimizer" and n.meta.get("sw_kind") in ("param", "opt_state")}),
+        # single-tensor in-place ops carry what they write as their kind; a fused kernel lists its writes
+        "writes": sorted({(k, f) for n in nodes if n.meta.get("sw_region") == "optimizer"
+                          for k, f in [(n.meta.get("sw_kind"), n.meta.get("sw_fqn")), *n.meta.get("sw_writes", [])]
+                          if k in ("param", "opt_state")}),
         "names": [n for n, _ in model.named_parameters()],
     }
 

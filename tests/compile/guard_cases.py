@@ -105,8 +105,6 @@ def errors(rank, world):
         "indivisible_batch": lambda: compile(parallel_mode=mode)(fn)(model, opt, x[:2 * world - 1], y[:2 * world - 1]),
         "unsupported_optimizer": lambda: compile(parallel_mode=mode)(fn)(
             model, torch.optim.RMSprop(model.parameters()), x, y),
-        "fused_optimizer": lambda: compile(parallel_mode=mode)(fn)(
-            model, torch.optim.Adam(model.parameters(), fused=True), x, y),
         "amsgrad": lambda: compile(parallel_mode=mode)(fn)(
             model, torch.optim.Adam(model.parameters(), amsgrad=True), x, y),
         "no_backward": lambda: compile(parallel_mode=mode)(_bad_step_no_backward)(model, opt, x, y),

@@ -86,8 +86,11 @@ def make_case(name: str, global_batch: int, seed: int = 0):
 
 
 def make_optimizer(name: str, params):
+    """``sgd``/``adam``/``adamw``; a ``_unfused`` suffix sets ``fused=False`` (the per-parameter traced update)."""
+    kw = {"fused": False} if name.endswith("_unfused") else {}
+    name = name.removesuffix("_unfused")
     if name == "sgd":
-        return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.01)
+        return torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.01, **kw)
     if name == "adam":
-        return torch.optim.Adam(params, lr=1e-2, weight_decay=0.01)
-    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+        return torch.optim.Adam(params, lr=1e-2, weight_decay=0.01, **kw)
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, **kw)

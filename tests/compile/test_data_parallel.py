@@ -19,6 +19,8 @@ LATIN = [(m, s, OPTS[(i + j) % 3]) for i, m in enumerate(MODELS) for j, s in enu
 # every optimizer
 COMBOS = [c for c in itertools.product(MODELS, STYLES, OPTS) if c not in LATIN]
 ONE_PER_STYLE = [("mlp", "replicate", "adam"), ("block", "fully_shard", "sgd"), ("mlp", "default", "adamw")]
+# fused=False: the per-parameter update (gradients averaged by a division) instead of the fused kernel
+UNFUSED = [("mlp", "replicate", "adam_unfused"), ("block", "fully_shard", "sgd_unfused")]
 ATOL = 1e-5
 
 
@@ -27,6 +29,7 @@ ATOL = 1e-5
     (2, "local", COMBOS),          # each rank passes its own batch; mesh = the default group
     (3, "local", LATIN),
     (2, "global", ONE_PER_STYLE),  # every rank passes the whole batch and trains on its slice
+    (2, "local", UNFUSED),
 ])
 def test_matches_single_process_and_ddp(world, input, combos):
     # shard_threshold=200 makes "default" mix sharded and replicated parameters in both models
@@ -38,7 +41,7 @@ def test_matches_single_process_and_ddp(world, input, combos):
             assert len(rec["single"]) == 2 and len(rec["loss"]) == 5
             for what in ("single", "ddp", "loss"):  # after step 1 and step 5
                 assert rec[what][0] < ATOL and rec[what][-1] < ATOL, (combo, what, rec[what])
-            sgd_first_step = combo[2] == "sgd"  # SGD's momentum buffer appears after step 1: one re-trace
+            sgd_first_step = combo[2].startswith("sgd")  # SGD's momentum buffer appears after step 1: one re-trace
             assert rec["traces"] == (2 if sgd_first_step else 1), (combo, rec["traces"])
             assert rec["graph"]["waits_before_first_use"], combo
             assert rec["graph"]["fwd_gather_dead_before_bwd"], combo

@@ -36,7 +36,6 @@ def test_errors_are_clear_and_identical_on_all_ranks():
         "no_optimizer": ("TypeError", "torch.optim.Optimizer"),
         "indivisible_batch": ("ValueError", "not divisible"),
         "unsupported_optimizer": ("TypeError", "RMSprop"),
-        "fused_optimizer": ("ValueError", "fused=False"),
         "amsgrad": ("ValueError", "amsgrad"),
         "no_backward": ("ValueError", "backward"),
         "bad_style": ("ValueError", "zero3"),

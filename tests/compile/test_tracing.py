@@ -91,7 +91,9 @@ def test_per_rank_graph_is_tagged(style):
     from tests.compile import dp_cases
 
     r = run_on_ranks(dp_cases.graph_kinds, 2, style)[0]
-    assert r["placeholders"] == [("hparam", False), ("input", False), ("opt_state", True), ("param", True)]
+    # agreement: the ranks' agreement bits, carried by a gradient bucket (compile/agreement.py)
+    assert r["placeholders"] == [("agreement", False), ("hparam", False), ("input", False), ("opt_state", True),
+                                 ("param", True)]
     assert set(r["regions"]) == {"forward", "backward", "optimizer"}
     assert r["grad_fqns"] == sorted(r["names"])
     # the optimizer writes every parameter and its three Adam state tensors in place

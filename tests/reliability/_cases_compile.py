@@ -135,3 +135,31 @@ def lr_differs_one_rank(rank, world):
         finally:   # put the lr back so the digest compares the optimizer's state, not our edit
             opt.param_groups[0]["lr"] = 0.01
     return call, [model, opt]
+
+
+def batch_size_differs_one_rank_fully_shard(rank, world):
+    # the check rides in a reduce-scatter bucket here (every rank's chunk carries the bits)
+    model, opt, step = _setup(world, mesh=short_timeout_mesh(), style="fully_shard")
+    n = 6 * world if rank == world - 1 else 4 * world
+    return lambda: step(model, opt, *_batch(n)), [model, opt]
+
+
+def width_differs_one_rank(rank, world):
+    # the last rank's batch fails to trace there while the others run their step: it replays the last
+    # step's collectives so nobody waits for it, and every rank raises the same error
+    model, opt, step = _setup(world, mesh=short_timeout_mesh())
+    x, y = _batch(4 * world)
+    if rank == world - 1:
+        x = torch.cat([x, x[:, :1]], dim=1)
+    return lambda: step(model, opt, x, y), [model, opt]
+
+
+def batchnorm_batch_differs_one_rank(rank, world):
+    # the forward updates BatchNorm's running statistics before the check can fail: they are put back
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    step = compile(parallel_mode=DataParallel(mesh=short_timeout_mesh()))(_step)
+    step(model, opt, *_batch(4 * world))
+    n = 6 * world if rank == world - 1 else 4 * world
+    return lambda: step(model, opt, *_batch(n, seed=2)), [model, opt]

@@ -29,10 +29,14 @@ ROWS = [
     ("lr_tensor", TypeError, "must be a Python float"),
 ]
 
-# ranks compare batch layout, lr and optimizer settings on every call (compile/api.py _check_ranks_agree)
+# ranks compare batch layout, lr and optimizer settings on every call (compile/agreement.py: after the first
+# step the bits ride in the first gradient bucket; a rank that cannot build its step replays the collectives)
 RANK_MISMATCHES = [
     ("batch_size_differs_one_rank", ValueError, "ranks disagree on the batch"),
     ("lr_differs_one_rank", ValueError, "ranks disagree on the lr"),
+    ("batch_size_differs_one_rank_fully_shard", ValueError, "ranks disagree on the batch"),
+    ("width_differs_one_rank", ValueError, "only some ranks could not build the step (rank 1: RuntimeError"),
+    ("batchnorm_batch_differs_one_rank", ValueError, "ranks disagree on the batch"),
 ]
 
 

@@ -15,10 +15,14 @@ from .wait_scheduling import schedule_waits
 __all__ = ["run_passes", "bucket_gradients", "bucket_gathers", "schedule_waits"]
 
 
-def run_passes(gm: torch.fx.GraphModule, world: int, bucket_cap_bytes: int, gather_bucket_cap_bytes: int) -> dict:
-    """Bucket gradients, bucket/prefetch gathers, then place waits; returns bucket counts."""
+def run_passes(gm: torch.fx.GraphModule, world: int, bucket_cap_bytes: int, gather_bucket_cap_bytes: int,
+               functional: bool = False) -> dict:
+    """Bucket gradients (one bucket carrying the ranks' agreement bits, if the graph has that input),
+    bucket/prefetch gathers, then place waits; returns bucket counts.  ``functional``: no in-place
+    collectives or kept buffers (for a ``gm_transformation`` that functionalizes the graph)."""
+    carry = next((n for n in gm.graph.nodes if n.op == "placeholder" and n.meta.get("sw_kind") == "agreement"), None)
     stats = {
-        "grad_buckets": bucket_gradients(gm, world, bucket_cap_bytes),
+        "grad_buckets": bucket_gradients(gm, world, bucket_cap_bytes, carry, functional),
         "gather_buckets": bucket_gathers(gm, world, gather_bucket_cap_bytes),
         "waits_moved": schedule_waits(gm),
     }
