@@ -139,10 +139,12 @@ def run_shardwise(rank, args, plan_name):
 
 def _set_update(args) -> None:
     """``--update eager``: this process's fused rules never compile (the library's default compiles
-    its one-pass kernel on large calls)."""
+    its one-pass kernel on large calls and has large stores call it directly)."""
     if args.update == "eager":
+        from shardwise.embedding.optim import row_update
         from shardwise.embedding.optim.rules import _RULES
 
+        row_update.STORE_COMPILE_MIN_ELEMENTS = 2 ** 62
         for rule in _RULES.values():
             rule.update.compile_min_elements = None
 
@@ -176,6 +178,7 @@ def run_floors(rank, args, plan_name):
     the step's four all-to-alls alone (lengths, ids, pooled output, its gradient) at its byte counts."""
     import functools
 
+    from shardwise.embedding.optim.row_update import store_compiles
     from shardwise.embedding.optim.rules import resolve_optimizer
     from shardwise.embedding.plan.values import ShardBox
     from shardwise.embedding.sharding.store import FusedLookup, ShardStore
@@ -184,8 +187,11 @@ def run_floors(rank, args, plan_name):
     rule, hp = resolve_optimizer(functools.partial(torch.optim.Adagrad, lr=LR))
     boxes = [ShardBox(f"t{i}", rank, 0, args.rows, 0, args.dim) for i in mine]
     _set_update(args)
+    # as shard() builds the store: the default has large stores call the compiled kernel themselves
+    compiled = args.update == "compiled" or (args.update == "default" and
+                                             store_compiles(rule, boxes, rank, "cpu", torch.float32))
     store = ShardStore(boxes, rank, lambda b, out: out.normal_(), "cpu", rule=rule, hp=hp, dtype=torch.float32,
-                       compiled=args.update == "compiled", grad_scale=1.0 / args.world)
+                       compiled=compiled, grad_scale=1.0 / args.world)
     anchor = torch.zeros((), requires_grad=True)
     if plan_name == "update":
         return time_update(store, local, args)
@@ -224,8 +230,8 @@ def time_update(store, local, args):
     by step in one process so load hits both alike: ``{"update": times, "floor_aten": times,
     "floor_compiled": times}``. ``update``: the store's update of each batch's unique rows from their
     summed gradients (``ShardStore.apply_gradient``); the floors: each touched row of the weight and
-    of the Adagrad state read once and written back once, in cache-sized row blocks, no arithmetic
-    (ATen's gather + scatter, or the same as one inductor loop)."""
+    of the Adagrad state read once and written back once, in cache-sized row blocks (ATen's gather +
+    scatter, or one inductor loop per table adding a runtime zero in place)."""
     from shardwise.embedding.sharding.store import summed_row_gradients
 
     grads = []
@@ -234,12 +240,13 @@ def time_update(store, local, args):
         grads.append(summed_row_gradients(ids, offsets, None, g, store.buffers[0].shape[0]))
     tables = [store.buffers[0], *store.states[0].values()]
     block = 8192    # rows: 2 MiB of float32 x 64 per temporary, in L2
-    compiled = torch.compile(_copy_rows, dynamic=True)
+    touch, zero = torch.compile(_touch_rows, dynamic=True), torch.zeros((), dtype=torch.float32)
 
     def floor(rg, how):
         rows = rg[0]
         for a in range(0, rows.numel(), block):
             how(rows[a:a + block], *tables)
+    compiled = lambda rows, *ts: touch(rows, zero, *ts)   # noqa: E731
     runs = {"update": lambda rg: store.apply_gradient(0, *rg), "floor_aten": lambda rg: floor(rg, _copy_rows),
             "floor_compiled": lambda rg: floor(rg, compiled)}
     for i in range(args.warmup):
@@ -258,6 +265,13 @@ def time_update(store, local, args):
 def _copy_rows(rows, *tables):
     for t in tables:
         t.index_copy_(0, rows, t.index_select(0, rows))
+
+
+def _touch_rows(rows, zero, *tables):
+    """Each row of ``rows`` read and written in place once (adding ``zero``, a runtime 0.0 nothing can
+    fold away): compiled, one loop per table, no temporary."""
+    for t in tables:
+        t.index_add_(0, rows, zero.expand(rows.numel(), *t.shape[1:]))
 
 
 # ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------

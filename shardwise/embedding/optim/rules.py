@@ -141,7 +141,7 @@ class FusedRule:
 
 
 def _rule(name, eager, state_shapes, init_values, forbidden, kernel, coeffs, row_state=False) -> FusedRule:
-    update = RowUpdate(eager, kernel, coeffs, tuple(state_shapes))
+    update = RowUpdate(eager, kernel, coeffs, state_shapes)
     return FusedRule(name, update, state_shapes, init_values, forbidden, kernel, coeffs, row_state)
 
 
