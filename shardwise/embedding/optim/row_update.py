@@ -4,9 +4,12 @@ update elsewhere.
 :class:`RowUpdate` is what a :class:`~shardwise.embedding.optim.rules.FusedRule` calls ``update``:
 ``update(weight, state, rows, grad, hp)`` with ``rows`` unique and ``state`` the rule's buffers plus
 ``"step"``. On CPU, calls with at least :data:`COMPILE_MIN_ELEMENTS` gradient elements run the
-rule's kernel compiled by ``torch.compile`` (inductor), one loop that reads each touched row of the
-weight and of every state buffer once, updates them together and writes them back once; the eager
-update makes a pass per element-wise op (about 2-3x the time on the sharded benchmark's shape).
+rule's kernel compiled by ``torch.compile`` (inductor): each touched row of the weight and of every
+state buffer is read from memory once, updated and written back once, all arithmetic in registers
+(SGD: one in-place loop; Adagrad: the accumulator's in-place loop, then the weight's, which reads
+the block's accumulator back from cache; Adam: the moments gathered into a block-sized temporary
+and scattered back); the eager update makes a pass per element-wise op (2-3x the time on the
+sharded benchmark's shape).
 Smaller calls (unit-test sizes, the tail of a batch) stay eager: a compile costs seconds once per
 process, which only pays off on real batches. The choice depends only on the call's size, so
 replicas of a data-parallel table (same rows on every rank) always take the same path.
