@@ -9,6 +9,12 @@ each rank's peak RSS (``peak_rss_mib_per_rank``) next to what that rank must hol
     .venv/bin/python benchmarks/ebc.py                       # 8 tables x 100k x 64, world 2
     SHARDWISE_TORCHREC_PYTHON=TORCHREC_VENV/bin/python .venv/bin/python benchmarks/ebc.py
     .venv/bin/python benchmarks/ebc.py --thp 1      # both libraries' ranks on huge pages, as the job's workers
+    .venv/bin/python benchmarks/ebc.py --impl update  # only the update-kernel line against its floor
+
+The sharded step runs the library's default update (``--update default``: ``shard()`` as users call
+it); ``--update compiled`` passes ``compile_optimizer=True``, ``--update eager`` never compiles. The
+``update_kernel`` line times a table-wise rank's optimizer update alone next to its floor, reading and
+writing each touched row of the weight and of the optimizer state once (``ratio_to_floor``).
 
 TorchRec runs in its own interpreter (``--torchrec-python`` or $SHARDWISE_TORCHREC_PYTHON; build one
 with ../shared/peers/torchrec-venv.sh); without one it is skipped with a message.
@@ -62,7 +68,7 @@ def held_bytes(rank: int, args, impl: str, plan_name: str) -> int:
     table = args.rows * args.dim * 4
     batch = sum(v.numel() * 8 + ln.numel() * 8 for _, v, ln in make_batches(rank, args))
     if impl == "floor":
-        mine = sum(1 for i in range(args.tables) if i % args.world == rank) if plan_name == "kernel" else 0
+        mine = sum(1 for i in range(args.tables) if i % args.world == rank) if plan_name != "collectives" else 0
         return mine * table * 2 + batch * args.world
     if plan_name == "unsharded":
         return args.tables * table * 3 + batch
@@ -122,12 +128,25 @@ def run_shardwise(rank, args, plan_name):
         return time_steps(step, batches, args)
     gen = _shardwise_plan(plan_name, args.world)
     plan = {c.name: gen(i) for i, c in enumerate(cfgs)}
-    sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=LR),
-                    compile_optimizer=not args.no_compile)
+    _set_update(args)
+    extra = {"compile_optimizer": True} if args.update == "compiled" else {}
+    sharded = shard(ebc, plan, optimizer=functools.partial(torch.optim.Adagrad, lr=LR), **extra)
 
     def step(kjt):
         sharded(kjt).values().sum().backward()
     return time_steps(step, batches, args)
+
+
+def _set_update(args) -> None:
+    """``--update eager``: this process's fused rules never compile (the library's default compiles
+    its one-pass kernel on large calls and has large stores call it directly)."""
+    if args.update == "eager":
+        from shardwise.embedding.optim import row_update
+        from shardwise.embedding.optim.rules import _RULES
+
+        row_update.STORE_COMPILE_MIN_ELEMENTS = 2 ** 62
+        for rule in _RULES.values():
+            rule.update.compile_min_elements = None
 
 
 # ---- floors of the table-wise step (shardwise interpreter) -----------------------------------------
@@ -159,6 +178,7 @@ def run_floors(rank, args, plan_name):
     the step's four all-to-alls alone (lengths, ids, pooled output, its gradient) at its byte counts."""
     import functools
 
+    from shardwise.embedding.optim.row_update import store_compiles
     from shardwise.embedding.optim.rules import resolve_optimizer
     from shardwise.embedding.plan.values import ShardBox
     from shardwise.embedding.sharding.store import FusedLookup, ShardStore
@@ -166,9 +186,15 @@ def run_floors(rank, args, plan_name):
     mine, per_rank, local = _tw_local_batches(rank, args)
     rule, hp = resolve_optimizer(functools.partial(torch.optim.Adagrad, lr=LR))
     boxes = [ShardBox(f"t{i}", rank, 0, args.rows, 0, args.dim) for i in mine]
+    _set_update(args)
+    # as shard() builds the store: the default has large stores call the compiled kernel themselves
+    compiled = args.update == "compiled" or (args.update == "default" and
+                                             store_compiles(rule, boxes, rank, "cpu", torch.float32))
     store = ShardStore(boxes, rank, lambda b, out: out.normal_(), "cpu", rule=rule, hp=hp, dtype=torch.float32,
-                       compiled=not args.no_compile, grad_scale=1.0 / args.world)
+                       compiled=compiled, grad_scale=1.0 / args.world)
     anchor = torch.zeros((), requires_grad=True)
+    if plan_name == "update":
+        return time_update(store, local, args)
     if plan_name == "kernel":
         def step(b):
             FusedLookup.apply(anchor, store, 0, b[0], b[1], None).sum().backward()
@@ -197,6 +223,55 @@ def run_floors(rank, args, plan_name):
         a2a(*reversed(sz["pooled"]), torch.float32)   # owners send each source its pooled rows
         a2a(*sz["pooled"], torch.float32)             # and get their gradient back
     return time_steps(step, sizes, args)
+
+
+def time_update(store, local, args):
+    """The optimizer update alone on a table-wise rank's touched rows and its floor, interleaved step
+    by step in one process so load hits both alike: ``{"update": times, "floor_aten": times,
+    "floor_compiled": times}``. ``update``: the store's update of each batch's unique rows from their
+    summed gradients (``ShardStore.apply_gradient``); the floors: each touched row of the weight and
+    of the Adagrad state read once and written back once, in cache-sized row blocks (ATen's gather +
+    scatter, or one inductor loop per table adding a runtime zero in place)."""
+    from shardwise.embedding.sharding.store import summed_row_gradients
+
+    grads = []
+    for ids, offsets in local:
+        g = torch.randn(offsets.numel() - 1, args.dim, generator=torch.Generator().manual_seed(offsets.numel()))
+        grads.append(summed_row_gradients(ids, offsets, None, g, store.buffers[0].shape[0]))
+    tables = [store.buffers[0], *store.states[0].values()]
+    block = 8192    # rows: 2 MiB of float32 x 64 per temporary, in L2
+    touch, zero = torch.compile(_touch_rows, dynamic=True), torch.zeros((), dtype=torch.float32)
+
+    def floor(rg, how):
+        rows = rg[0]
+        for a in range(0, rows.numel(), block):
+            how(rows[a:a + block], *tables)
+    compiled = lambda rows, *ts: touch(rows, zero, *ts)   # noqa: E731
+    runs = {"update": lambda rg: store.apply_gradient(0, *rg), "floor_aten": lambda rg: floor(rg, _copy_rows),
+            "floor_compiled": lambda rg: floor(rg, compiled)}
+    for i in range(args.warmup):
+        for fn in runs.values():
+            fn(grads[i % len(grads)])
+    dist.barrier()
+    times: dict = {k: [] for k in runs}
+    for i in range(args.iters):
+        for k, fn in runs.items():
+            t0 = time.perf_counter()
+            fn(grads[i % len(grads)])
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
+def _copy_rows(rows, *tables):
+    for t in tables:
+        t.index_copy_(0, rows, t.index_select(0, rows))
+
+
+def _touch_rows(rows, zero, *tables):
+    """Each row of ``rows`` read and written in place once (adding ``zero``, a runtime 0.0 nothing can
+    fold away): compiled, one loop per table, no temporary."""
+    for t in tables:
+        t.index_add_(0, rows, zero.expand(rows.numel(), *t.shape[1:]))
 
 
 # ---- TorchRec (runs in the TorchRec interpreter) -------------------------------------------------
@@ -233,7 +308,8 @@ def _worker(rank, args, impl, plan_name, init_file, queue):
         fn = {"torchrec": run_torchrec, "floor": run_floors}.get(impl, run_shardwise)
         times = fn(rank, args, plan_name)
         rss = rss_per_rank(held_bytes(rank, args, impl, plan_name))   # a collective: every rank
-        queue.put((rank, statistics.median(times), rss))
+        med = {k: statistics.median(v) for k, v in times.items()} if isinstance(times, dict) else statistics.median(times)
+        queue.put((rank, med, rss))
     finally:
         dist.destroy_process_group()
 
@@ -252,6 +328,8 @@ def measure(args, impl: str, plan_name: str) -> tuple[float, dict]:
         if any(p.exitcode for p in procs):
             raise RuntimeError(f"{impl}/{plan_name}: a rank failed (exit codes {[p.exitcode for p in procs]})")
     results = [queue.get() for _ in procs]
+    if isinstance(results[0][1], dict):   # several timings: each the slowest rank's
+        return {k: max(r[1][k] for r in results) for k in results[0][1]}, results[0][2]
     return max(ms for _, ms, _ in results), results[0][2]
 
 
@@ -296,14 +374,20 @@ def main(argv=None) -> None:
     p.add_argument("--plans", type=lambda s: s.split(","), default=list(PLANS))
     p.add_argument("--torchrec-python", default=None)
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every implementation")
-    p.add_argument("--no-compile", action="store_true", help="eager optimizer update (no torch.compile)")
-    p.add_argument("--impl", default="all", choices=["all", "torchrec", "shardwise"])
+    p.add_argument("--update", choices=("default", "compiled", "eager"), default="default",
+                   help="the fused update: the library's default (shard() as users call it: the compiled one-pass "
+                        "kernel on large calls), compile_optimizer=True (the store compiles the kernel), or eager only")
+    p.add_argument("--no-compile", action="store_true", help="the same as --update eager")
+    p.add_argument("--impl", default="all", choices=["all", "torchrec", "shardwise", "update"],
+                   help="update: only the update-kernel line (the table-wise rank's update against its floor)")
     p.add_argument("--no-floors", action="store_true",
                    help="skip the table-wise floors (local lookup + update alone, the all-to-alls alone)")
     p.add_argument("--thp", choices=("unset", "0", "1"), default="unset",
                    help="THP_MEM_ALLOC_ENABLE for every rank of both libraries (torch's allocator then puts "
                         "tensors of 2 MiB or more on huge pages; `shardwise train` starts its workers with 1)")
     args = p.parse_args(argv)
+    if args.no_compile:
+        args.update = "eager"
     if args.thp != "unset":   # this benchmark's own processes only; inherited by both libraries' ranks alike
         os.environ[THP_ENV] = args.thp
     shape = dict(world=args.world, tables=args.tables, rows=args.rows, dim=args.dim, batch=args.batch, ids=args.ids,
@@ -320,6 +404,9 @@ def main(argv=None) -> None:
     if args.impl == "all" and (not python or not os.path.exists(python)):
         print(f"# TorchRec skipped: no interpreter (pass --torchrec-python or set SHARDWISE_TORCHREC_PYTHON; "
               f"got {python!r})", file=sys.stderr)
+    if args.impl == "update":
+        report_update(args, shape)
+        return
     ours, peer = run_rounds(args, shape)
     if args.impl == "shardwise":
         return
@@ -335,13 +422,25 @@ def run_rounds(args, shape) -> tuple[dict, dict]:
             ms, rss = measure(args, "shardwise", plan)
             ours[plan].append(ms)
             _emit({"bench": "ebc", "impl": "shardwise", "plan": plan, "ms_median": round(ms, 2),
-                   "compiled_update": not args.no_compile, **shape, **rss})
+                   "update": args.update, **shape, **rss})
             if args.impl == "all":
                 t = torchrec_time(args, plan)
                 if t is not None:
                     peer[plan].append(t[0])
                     _emit({"bench": "ebc", "impl": "torchrec", "plan": plan, "ms_median": t[0], **shape, **t[1]})
     return ours, peer
+
+
+def report_update(args, shape) -> None:
+    """The table-wise rank's update alone against its floor (the touched rows of weight and state
+    read and written once: the faster of the two copies), over ``args.rounds`` runs: one line."""
+    runs = [measure(args, "floor", "update")[0] for _ in range(args.rounds)]
+    u = statistics.median(r["update"] for r in runs)
+    floors = {k: statistics.median(r[k] for r in runs) for k in ("floor_aten", "floor_compiled")}
+    f = min(floors.values())
+    _emit({"bench": "ebc", "impl": "update_kernel", "plan": "table_wise", "update": args.update,
+           "update_ms": round(u, 2), "touched_rows_copy_floor_ms": round(f, 2), "ratio_to_floor": round(u / f, 3),
+           **{f"{k}_ms": round(v, 2) for k, v in floors.items()}, "rounds": args.rounds, **shape})
 
 
 def report(args, shape, ours: dict, peer: dict) -> None:
@@ -352,7 +451,8 @@ def report(args, shape, ours: dict, peer: dict) -> None:
         for part in ("kernel", "collectives"):
             ms, rss = measure(args, "floor", part)
             _emit({"bench": "ebc", "impl": f"floor_table_wise_{part}", "plan": "table_wise",
-                   "ms_median": round(ms, 2), "compiled_update": not args.no_compile, **shape, **rss})
+                   "ms_median": round(ms, 2), "update": args.update, **shape, **rss})
+        report_update(args, shape)
     for plan in args.plans:
         mine = statistics.median(ours[plan])
         rec = {"bench": "ebc", "plan": plan, "shardwise_ms": round(mine, 2), "unsharded_ms": round(unsharded, 2),

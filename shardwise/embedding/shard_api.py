@@ -68,9 +68,9 @@ def shard(ebc: EmbeddingBagCollection, plan: dict, mesh: Any = None, optimizer=N
     ``load_sample_every=k``: the lookup load that :meth:`~ShardedEmbeddingBagCollection.load_stats`
     reports (for rebalancing) is counted on every k-th forward (the first after a reset always), so
     the counting stays off the other steps; ``1`` counts every forward.
-    ``compile_optimizer=True`` runs the update through torch.compile (one fused loop per step); it is
-    opt-in because it is not a clear win over the default eager update in our benchmarks (see
-    docs/embedding.md), and the first step pays a compile of tens of seconds.
+    The default update already runs a torch.compile'd one-pass kernel on large CPU updates (eager on
+    small ones; :mod:`shardwise.embedding.optim.row_update`). ``compile_optimizer=True`` compiles it
+    for every update, whatever its size (the first step pays the compile).
     ``qcomm_codecs_registry`` (from :func:`~shardwise.embedding.qcomm.get_qcomm_codecs_registry`) sends the
     pooled/sequence embeddings and their gradients over the wire in fp16/bf16 (TorchRec's qcomm).
 

@@ -14,6 +14,7 @@ from ..sparse import KeyedJaggedTensor, KeyedTensor
 from .collection.bag_collection import EmbeddingBagCollection, check_features
 from .collection.variable_batch import split_variable_batch
 from .optim.fused import FusedOptimizer
+from .optim.row_update import store_compiles
 from .optim.rules import STATE_DTYPE
 from .optim.settings import describe, table_optimizers
 from .plan.values import ShardBox, ShardingType
@@ -136,8 +137,10 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         boxes = [b for t in tables for b in sharder.layout(t, plan[t.name], topo)]
         spec = GroupSpec(tables, boxes, cols, self._total_dim)
         routing = Routing(spec, topo.world_size, topo.rank if sharder.local_only else None)
+        # large local tables: the store calls the compiled one-pass kernel itself (optim/row_update.py)
+        compiled = self._compile or store_compiles(rule, routing.boxes, topo.rank, topo.device, self._dtype)
         store = ShardStore(routing.boxes, topo.rank, weights, topo.device, rule, hp,
-                           sync_group=topo.group if sharder.replicated else None, compiled=self._compile,
+                           sync_group=topo.group if sharder.replicated else None, compiled=compiled,
                            dtype=self._dtype, grad_scale=self._grad_scale)
         if rule is None:
             store.no_rule_hook = self._warn_frozen

@@ -4,9 +4,12 @@ update elsewhere.
 :class:`RowUpdate` is what a :class:`~shardwise.embedding.optim.rules.FusedRule` calls ``update``:
 ``update(weight, state, rows, grad, hp)`` with ``rows`` unique and ``state`` the rule's buffers plus
 ``"step"``. On CPU, calls with at least :data:`COMPILE_MIN_ELEMENTS` gradient elements run the
-rule's kernel compiled by ``torch.compile`` (inductor), one loop that reads each touched row of the
-weight and of every state buffer once, updates them together and writes them back once; the eager
-update makes a pass per element-wise op (about 2-3x the time on the sharded benchmark's shape).
+rule's kernel compiled by ``torch.compile`` (inductor): each touched row of the weight and of every
+state buffer is read from memory once, updated and written back once, all arithmetic in registers
+(SGD: one in-place loop; Adagrad: the accumulator's in-place loop, then the weight's, which reads
+the block's accumulator back from cache; Adam: the moments gathered into a block-sized temporary
+and scattered back); the eager update makes a pass per element-wise op (2-3x the time on the
+sharded benchmark's shape).
 Smaller calls (unit-test sizes, the tail of a batch) stay eager: a compile costs seconds once per
 process, which only pays off on real batches. The choice depends only on the call's size, so
 replicas of a data-parallel table (same rows on every rank) always take the same path.
@@ -30,9 +33,12 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["RowUpdate", "COMPILE_MIN_ELEMENTS", "BLOCK_ELEMENTS"]
+__all__ = ["RowUpdate", "store_compiles", "COMPILE_MIN_ELEMENTS", "BLOCK_ELEMENTS", "STORE_COMPILE_MIN_ELEMENTS"]
 
 COMPILE_MIN_ELEMENTS = 32 * 1024    # rows x width of one call from which the compiled kernel runs
+# a rank's local weight elements (all of a store's buffers) from which shard() has the store call the
+# compiled kernel directly (64 MiB of float32; unit tests' tables are far smaller): see store_compiles
+STORE_COMPILE_MIN_ELEMENTS = 16 * 1024 * 1024
 BLOCK_ELEMENTS = 512 * 1024         # rows x width per kernel call: 2 MiB of float32 temporaries
 _STATE_DTYPE = torch.float32
 # hyper-parameters of the scratch call that compiles a kernel (every rule's coefficients read from these)
@@ -44,14 +50,16 @@ class RowUpdate:
 
     ``eager(weight, state, rows, grad, hp)``: the rule's update in ATen ops; ``kernel(weight, *state
     buffers, rows, grad, coeffs)``: the same arithmetic as one compilable function whose ``coeffs``
-    tensor is ``coeffs_of(hp, step) + [gradient scale]``; ``state_names``: the buffers' order.
+    tensor is ``coeffs_of(hp, step) + [gradient scale]``; ``state_shapes``: the buffers in kernel
+    order, ``{name: "elem" | "row"}`` (the weight's shape, or one value per row).
     ``compile_min_elements=None``: never compile (the eager update only).
     """
 
-    def __init__(self, eager: Callable, kernel: Callable, coeffs_of: Callable, state_names: tuple,
+    def __init__(self, eager: Callable, kernel: Callable, coeffs_of: Callable, state_shapes: dict,
                  compile_min_elements: Optional[int] = COMPILE_MIN_ELEMENTS):
         self.eager, self.kernel_fn, self.coeffs_of = eager, kernel, coeffs_of
-        self.state_names = tuple(state_names)
+        self.state_shapes = dict(state_shapes)
+        self.state_names = tuple(self.state_shapes)
         self.compile_min_elements = compile_min_elements
         self._compiled = None      # built at the first call that uses it: a compile costs seconds
         self._failed = False
@@ -60,7 +68,7 @@ class RowUpdate:
                  scale: float = 1.0) -> None:
         """Update ``weight`` and the rule's buffers in ``state`` on ``rows`` (unique) for the summed
         gradients ``grad`` (times ``scale``), as step ``state["step"]``."""
-        kernel = self._kernel(weight, state, grad) if self.compiles(rows, grad, weight) else None
+        kernel = self._kernel(weight.dtype, grad.shape[1]) if self.compiles(rows, grad, weight) else None
         if kernel is None:
             self.eager(weight, state, rows, grad if scale == 1.0 else grad * scale, hp)
             return
@@ -78,19 +86,24 @@ class RowUpdate:
                 and grad.dim() == 2 and grad.dtype == _STATE_DTYPE and weight.dtype.is_floating_point
                 and grad.numel() >= self.compile_min_elements and not torch.compiler.is_compiling())
 
-    def _kernel(self, weight: torch.Tensor, state: dict, grad: torch.Tensor):
-        """The compiled kernel, or None once compiling it failed. It is compiled on scratch copies
-        of the call's dtypes and width: a failure (no C++ compiler for inductor) then leaves the
-        real rows untouched, and the eager update takes over with a warning."""
+    def ready(self, dtype: torch.dtype, width: int) -> bool:
+        """Whether the compiled kernel works here (compiling it now if it has not been): False where
+        inductor cannot build it (warned once)."""
+        return self._kernel(dtype, width) is not None
+
+    def _kernel(self, dtype: torch.dtype, width: int):
+        """The compiled kernel, or None once compiling it failed. It is compiled on scratch tensors
+        of the weight's dtype and the call's width: a failure (no C++ compiler for inductor) then
+        leaves the real rows untouched, and the eager update takes over with a warning."""
         if self._compiled is None and not self._failed:
             # dynamic: one compile serves every row count and width (no recompile per batch)
             compiled = torch.compile(self.kernel_fn, dynamic=True)
-            width = grad.shape[1]
-            scratch = [torch.zeros(4, width, dtype=weight.dtype)] + [
-                torch.zeros((4, width)[:state[n].dim()], dtype=state[n].dtype) for n in self.state_names]
+            scratch = [torch.zeros(4, width, dtype=dtype)] + [
+                torch.zeros((4, width) if kind == "elem" else (4,), dtype=_STATE_DTYPE)
+                for kind in self.state_shapes.values()]
             coeffs = torch.tensor(self.coeffs_of(_PROBE_HP, 1) + [1.0], dtype=_STATE_DTYPE)
             try:
-                compiled(*scratch, torch.tensor([0, 2]), torch.zeros(2, width, dtype=grad.dtype), coeffs)
+                compiled(*scratch, torch.tensor([0, 2]), torch.zeros(2, width, dtype=_STATE_DTYPE), coeffs)
             except Exception as exc:   # noqa: BLE001 -- whatever stops the compile, the eager update is exact
                 self._failed = True
                 warnings.warn(f"shardwise: torch.compile of the fused update {self.kernel_fn.__name__} failed "
@@ -102,3 +115,18 @@ class RowUpdate:
 
     def __repr__(self) -> str:
         return f"RowUpdate({self.eager.__name__}, compiled from {self.compile_min_elements} elements)"
+
+
+def store_compiles(rule, boxes, rank: int, device, dtype: torch.dtype) -> bool:
+    """Whether a shard store of ``boxes`` on ``rank`` calls its rule's compiled kernel itself (on every
+    update, per block of touched rows, the gradient scale inside the kernel: no per-chunk calls and
+    no scaling pass, see docs/embedding.md) without ``compile_optimizer=True``: on CPU, for a rank
+    holding at least :data:`STORE_COMPILE_MIN_ELEMENTS` weight elements, where the kernel compiles
+    (it is compiled here, once per process). The boxes are shared data, so the replicas of a
+    data-parallel table decide alike."""
+    mine = [b for b in boxes if b.rank == rank]
+    if rule is None or torch.device(device).type != "cpu" or not mine or not dtype.is_floating_point:
+        return False
+    if sum(b.row_size * b.col_size for b in mine) < STORE_COMPILE_MIN_ELEMENTS:
+        return False
+    return rule.update.ready(dtype, mine[0].col_size)

@@ -83,7 +83,7 @@ def test_compiled_and_eager_update_agree_on_one_call():
     grad = torch.randn(4000, DIM, generator=g)
     out = []
     for min_elements in (1, None):     # compiled from any size; never compiled
-        upd = row_update.RowUpdate(rule.update.eager, rule.kernel, rule.coeffs, tuple(rule.state_shapes),
+        upd = row_update.RowUpdate(rule.update.eager, rule.kernel, rule.coeffs, rule.state_shapes,
                                    compile_min_elements=min_elements)
         w = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(1))
         state = {"exp_avg": torch.full((ROWS, DIM), 0.1), "exp_avg_sq": torch.full((ROWS, DIM), 0.2), "step": 3}
@@ -102,7 +102,7 @@ def test_failed_compile_warns_once_and_updates_eagerly(monkeypatch):
 
     monkeypatch.setattr(row_update.torch, "compile", broken)
     rule, hp = resolve_optimizer(functools.partial(torch.optim.SGD, lr=0.5))
-    upd = row_update.RowUpdate(rule.update.eager, rule.kernel, rule.coeffs, ())
+    upd = row_update.RowUpdate(rule.update.eager, rule.kernel, rule.coeffs, {})
     w = torch.zeros(ROWS, DIM)
     rows, grad = torch.arange(0, ROWS, 2), torch.ones(ROWS // 2, DIM)
     with pytest.warns(RuntimeWarning, match="no C.. compiler"):
