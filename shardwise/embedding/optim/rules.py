@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
 STATE_DTYPE = torch.float32    # optimizer state and the update's arithmetic, whatever the weights' dtype
 
 from ...optim.rowwise_adagrad import RowWiseAdagrad
+from .occurrence_sgd import OccurrenceSGD
 from .row_update import RowUpdate
 
 __all__ = ["RowWiseAdagrad", "FusedRule", "resolve_optimizer"]
@@ -143,18 +144,21 @@ class FusedRule:
     kernel: Callable            # (weight, *state, rows, grad, coeffs + [grad scale])
     coeffs: Callable            # (hp, step) -> list of floats for the kernel (the caller appends the scale)
     row_state: bool = False
+    # SGD only: its update straight from a pooled lookup's occurrences (no grouping by row)
+    occurrence: Optional[OccurrenceSGD] = None
 
 
-def _rule(name, eager, state_shapes, init_values, forbidden, kernel, coeffs, row_state=False) -> FusedRule:
+def _rule(name, eager, state_shapes, init_values, forbidden, kernel, coeffs, row_state=False,
+          occurrence=None) -> FusedRule:
     update = RowUpdate(eager, kernel, coeffs, state_shapes)
-    return FusedRule(name, update, state_shapes, init_values, forbidden, kernel, coeffs, row_state)
+    return FusedRule(name, update, state_shapes, init_values, forbidden, kernel, coeffs, row_state, occurrence)
 
 
 _RULES = {
     torch.optim.SGD: _rule(
         "SGD", sgd_update, {}, lambda hp: {},
         {"momentum": 0, "weight_decay": 0, "maximize": False, "nesterov": False},
-        sgd_kernel, lambda hp, step: [hp["lr"]]),
+        sgd_kernel, lambda hp, step: [hp["lr"]], occurrence=OccurrenceSGD()),
     torch.optim.Adagrad: _rule(
         "Adagrad", adagrad_update, {"sum": "elem"}, lambda hp: {"sum": hp["initial_accumulator_value"]},
         {"weight_decay": 0, "maximize": False}, adagrad_kernel, _adagrad_coeffs),

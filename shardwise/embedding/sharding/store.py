@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from ..optim.occurrence_sgd import bag_of_occurrences
 from ..optim.row_update import RowUpdate
 from ..optim.rules import STATE_DTYPE
 from ..plan.values import ShardBox
@@ -150,6 +151,13 @@ class ShardStore:
         if self.rule is None:
             self.no_rule_hook()
             return
+        occurrence = self.rule.occurrence
+        if occurrence is not None and self.sync_group is None and \
+                occurrence.applies(self.buffers[w], ids, grad, psw is not None):
+            # SGD is linear in the gradient: each occurrence adds into its row, no grouping by row
+            self.steps[w] += 1
+            occurrence(self.buffers[w], ids, offsets, psw, grad, -self.hp["lr"] * self.grad_scale)
+            return
         grouped = group_by_row(ids, offsets, psw, self.buffers[w].shape[0])
         rows = grouped[0]
         if self.sync_group is not None or rows.device.type != "cpu" or rows.numel() <= _BLOCK_ROWS:
@@ -204,13 +212,7 @@ def group_by_row(ids, offsets, psw, num_rows: int = 2 ** 63 - 1) -> tuple:
     its weight or None), occurrences in bag order within a row (the sort is stable). ``num_rows``
     bounds the ids (the buffer's rows): below 2**31 the sort runs on int32 keys, over twice as fast
     on CPU as int64 ones, and below 2**15 on int16 keys, twice as fast again."""
-    n = ids.numel()
-    # bag of each occurrence: a running count of the bag ends (repeat_interleave over many short
-    # bags costs several times more on CPU)
-    ends = torch.zeros(n + 1, dtype=torch.int64, device=ids.device)
-    inner = offsets[1:-1]
-    ends.index_add_(0, inner, torch.ones(inner.shape, dtype=torch.int64, device=ids.device))
-    bag = torch.cumsum(ends[:n], 0)
+    bag = bag_of_occurrences(offsets, ids.numel())
     # the narrowest key type that holds every row: CPU sorts int16 keys about twice as fast as int32
     keys = ids.to(torch.int16) if num_rows <= 2 ** 15 else ids.to(torch.int32) if num_rows <= 2 ** 31 else ids
     sorted_ids, order = torch.sort(keys, stable=True)
