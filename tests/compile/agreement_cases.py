@@ -2,18 +2,10 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from shardwise.compile import DataParallel, collective_summary, compile
 from shardwise.testing.harness import worker_mesh
-
-
-def _step(model, optimizer, x, y):
-    loss = F.mse_loss(model(x), y)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    return loss
+from tests.compile.models import mlp_step as _step
 
 
 def _gloo_calls(fn, steps: int) -> float:

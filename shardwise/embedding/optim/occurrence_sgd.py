@@ -23,12 +23,11 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from typing import Optional
 
 import torch
 
-from .row_update import COMPILE_MIN_ELEMENTS
+from .row_update import COMPILE_MIN_ELEMENTS, compiles_on_scratch
 
 __all__ = ["OccurrenceSGD", "bag_of_occurrences"]
 
@@ -95,13 +94,9 @@ class OccurrenceSGD:
             compiled = torch.compile(fn, dynamic=True, options={"cpp.threads": 1})
             args = [torch.zeros(4, 2), torch.tensor([0, 2, 2]), torch.tensor([0, 0, 1])]
             args += [torch.ones(3)] if weighted else []
-            try:   # compiled on scratch tensors: a failure touches no real row
-                compiled(*args, torch.zeros(2, 2), torch.tensor([-0.1]))
-            except Exception as exc:   # noqa: BLE001 -- whatever stops the compile, the grouped update is exact
+            if not compiles_on_scratch(compiled, (*args, torch.zeros(2, 2), torch.tensor([-0.1])),
+                                       "the fused SGD scatter", "SGD updates group ids by row instead"):
                 self._failed = True
-                warnings.warn(f"shardwise: torch.compile of the fused SGD scatter failed ({type(exc).__name__}: "
-                              f"{str(exc)[:300]}); SGD updates group ids by row instead (the same results, "
-                              f"slower)", RuntimeWarning, stacklevel=3)
                 return None
             self._kernels[weighted] = compiled
         return self._kernels.get(weighted)

@@ -33,7 +33,7 @@ from typing import Callable, Optional
 
 import torch
 
-__all__ = ["RowUpdate", "store_compiles", "COMPILE_MIN_ELEMENTS", "BLOCK_ELEMENTS", "STORE_COMPILE_MIN_ELEMENTS"]
+__all__ = ["RowUpdate", "store_compiles", "compiles_on_scratch", "COMPILE_MIN_ELEMENTS", "BLOCK_ELEMENTS", "STORE_COMPILE_MIN_ELEMENTS"]
 
 COMPILE_MIN_ELEMENTS = 32 * 1024    # rows x width of one call from which the compiled kernel runs
 # a rank's local weight elements (all of a store's buffers) from which shard() has the store call the
@@ -102,19 +102,29 @@ class RowUpdate:
                 torch.zeros((4, width) if kind == "elem" else (4,), dtype=_STATE_DTYPE)
                 for kind in self.state_shapes.values()]
             coeffs = torch.tensor(self.coeffs_of(_PROBE_HP, 1) + [1.0], dtype=_STATE_DTYPE)
-            try:
-                compiled(*scratch, torch.tensor([0, 2]), torch.zeros(2, width, dtype=_STATE_DTYPE), coeffs)
-            except Exception as exc:   # noqa: BLE001 -- whatever stops the compile, the eager update is exact
+            args = (*scratch, torch.tensor([0, 2]), torch.zeros(2, width, dtype=_STATE_DTYPE), coeffs)
+            if not compiles_on_scratch(compiled, args, f"the fused update {self.kernel_fn.__name__}",
+                                       "embedding updates run eagerly from now on"):
                 self._failed = True
-                warnings.warn(f"shardwise: torch.compile of the fused update {self.kernel_fn.__name__} failed "
-                              f"({type(exc).__name__}: {str(exc)[:300]}); embedding updates run eagerly from "
-                              f"now on (the same results, slower)", RuntimeWarning, stacklevel=3)
                 return None
             self._compiled = compiled
         return self._compiled
 
     def __repr__(self) -> str:
         return f"RowUpdate({self.eager.__name__}, compiled from {self.compile_min_elements} elements)"
+
+
+def compiles_on_scratch(compiled: Callable, args: tuple, what: str, instead: str) -> bool:
+    """Run ``compiled`` once on scratch ``args`` (its compile happens here, touching no real row);
+    False, with a warning saying what runs ``instead``, where inductor cannot build it (e.g. no C++
+    compiler)."""
+    try:
+        compiled(*args)
+    except Exception as exc:   # noqa: BLE001 -- whatever stops the compile, the uncompiled path is exact
+        warnings.warn(f"shardwise: torch.compile of {what} failed ({type(exc).__name__}: {str(exc)[:300]}); "
+                      f"{instead} (the same results, slower)", RuntimeWarning, stacklevel=4)
+        return False
+    return True
 
 
 def store_compiles(rule, boxes, rank: int, device, dtype: torch.dtype) -> bool:

@@ -7,7 +7,6 @@ import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from shardwise.embedding.optim import row_update
 from shardwise.embedding.optim.occurrence_sgd import OccurrenceSGD
@@ -15,6 +14,7 @@ from shardwise.embedding.optim.rules import resolve_optimizer
 from shardwise.embedding.plan.values import ShardBox
 from shardwise.embedding.sharding import store as store_module
 from shardwise.embedding.sharding.store import ShardStore
+from tests.embedding.optim.test_row_update import _dense
 
 ROWS, DIM, BAGS, LR = 3000, 16, 700, 0.3
 
@@ -32,17 +32,6 @@ def _batches(weighted: bool, steps: int = 2):
         psw = torch.rand(ids.numel(), generator=g) + 0.5 if weighted else None
         out.append((ids, offsets, psw, torch.randn(BAGS, DIM, generator=g)))
     return out
-
-
-def _dense_sgd(weight, batches, scale):
-    param = torch.nn.Parameter(weight.clone())
-    opt = torch.optim.SGD([param], lr=LR)
-    for ids, offsets, psw, grad in batches:
-        opt.zero_grad()
-        F.embedding_bag(ids, param, offsets, mode="sum", per_sample_weights=psw,
-                        include_last_offset=True).backward(grad * scale)
-        opt.step()
-    return param.detach()
 
 
 def _fused_sgd(weight, batches, scale):
@@ -63,7 +52,7 @@ def test_sgd_from_occurrences_matches_dense_sgd_without_grouping(weighted, monke
     batches = _batches(weighted)
     assert batches[0][0].numel() * DIM >= row_update.COMPILE_MIN_ELEMENTS
     got, store = _fused_sgd(weight, batches, 0.5)
-    want = _dense_sgd(weight, batches, 0.5)
+    want = _dense(functools.partial(torch.optim.SGD, lr=LR), weight, batches, 0.5)
     assert (want - weight).abs().max() > 1e-2 and store.steps == [2]
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
