@@ -16,7 +16,7 @@ Example:
     >>> import torch
     >>> sgd = OccurrenceSGD()
     >>> w = torch.zeros(3, 2)
-    >>> sgd.eager(w, torch.tensor([2, 2, 0]), torch.tensor([0, 3]), None, torch.ones(1, 2), 0.5)
+    >>> sgd.eager(w, torch.tensor([2, 2, 0]), torch.tensor([0, 3]), None, torch.ones(1, 2), -0.5)   # lr 0.5
     >>> w[:, 0].tolist()
     [-0.5, 0.0, -1.0]
 """
