@@ -71,6 +71,9 @@ class TrainConfig:
     drift_at: Optional[int] = None
     drift_factor: int = 128
     drift_features: Optional[list] = None   # None: train/drift.py's DRIFT_FEATURES
+    # the planner's cost figures (Calibration.to_json()); None: measured at start-up on rank 0, so the
+    # plan and the live reshard's decision follow the machine's load at that moment
+    calibration: Optional[dict] = None
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "rows", "dim", "eval_rows", "log_every"):
@@ -117,6 +120,13 @@ class TrainConfig:
                                  f"e.g. --sharding-types table_wise to force an all-table-wise plan")
             self.sharding_types = list(self.sharding_types)
         self._check_drift()
+        if self.calibration is not None:
+            from ..embedding.plan.calibration import Calibration
+
+            try:
+                self.calibration = Calibration.from_json(self.calibration).to_json()
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"calibration: {e}") from None
         if self.rows is not None and self.rows < 8:
             raise ValueError(f"rows={self.rows} must be >= 8 (the smallest synthetic table has 8 rows)")
 

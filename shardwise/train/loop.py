@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..embedding import GreedyShardingPlanner, ShardingType, calibrate, shard
+from ..embedding import Calibration, GreedyShardingPlanner, ShardingType, calibrate, shard
 from . import checkpoint as ckpt
 from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, peak_rss_per_rank
@@ -70,8 +70,9 @@ class Trainer:
         self.data, self.eval_data, self.eval_source = self._open_logs()
         self.tables = make_tables(self.cards, cfg.dim)
         self.table_of = {f: t.name for t in self.tables for f in t.feature_names}
-        # the planner's cost figures: measured on every rank, rank 0's kept, so every rank plans alike
-        self.calibration = calibrate(self.device)
+        # the planner's cost figures: measured (or given) on every rank, rank 0's kept, so every rank plans alike
+        given = Calibration.from_json(cfg.calibration) if cfg.calibration is not None else None
+        self.calibration = calibrate(self.device, given=given)
         self.planner = self.planner_for(self.world)
         self.step, self.cursor = 0, 0
         self.history: dict = {"step": [], "loss": [], "auc_step": [], "auc": [], "examples_per_s": []}

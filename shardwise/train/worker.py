@@ -10,9 +10,12 @@ Example (two machines, two processes each; run on both)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import json
 import os
 import sys
+from pathlib import Path
 from datetime import timedelta
 from typing import Optional
 
@@ -109,6 +112,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help="ids per example of a drifted feature (default %(default)s)")
     p.add_argument("--drift-features", type=_name_list, default=None, metavar="C3,C7",
                    help="the features that drift (default: C3,C7,C11,C15)")
+    p.add_argument("--calibration", type=_calibration, default=None, metavar="FILE",
+                   help="plan with these cost figures instead of measuring them at start-up: a metrics.json of an "
+                        "earlier run or a Calibration JSON; the plan and the live reshard's decision are then the "
+                        "same on every run, whatever the machine's load (default: measured on rank 0)")
     p.add_argument("--collective-timeout", type=float, default=d.collective_timeout,
                    help="seconds a collective waits for a missing rank before all ranks fail (default %(default)s)")
 
@@ -123,7 +130,20 @@ def config_from_args(ns: argparse.Namespace) -> TrainConfig:
                        num_embeddings_per_feature=ns.num_embeddings_per_feature, max_rows=ns.max_rows,
                        eval_data=ns.eval_data, eval_fraction=ns.eval_fraction, eval_rows=ns.eval_rows, skip_bad_lines=ns.skip_bad_lines, device=ns.device, quiet=ns.quiet, collective_timeout=ns.collective_timeout,
                        sharding_types=ns.sharding_types, drift_at=ns.drift_at, drift_factor=ns.drift_factor,
-                       drift_features=ns.drift_features)
+                       drift_features=ns.drift_features, calibration=ns.calibration)
+
+
+def _calibration(path: str) -> dict:
+    from ..embedding.plan.calibration import Calibration
+
+    try:
+        cal = Calibration.from_json(Path(path).read_text())
+        raw = json.loads(Path(path).read_text())
+        if "source" not in raw.get("calibration", raw):   # say where figures without a source came from
+            cal = dataclasses.replace(cal, source=f"read from {path}")
+        return cal.to_json()
+    except (OSError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"{path!r}: {e}") from None
 
 
 def _memory_mb(ns: argparse.Namespace):

@@ -166,20 +166,30 @@ def measure_local(device: torch.device, group=None) -> dict:
     return cal
 
 
-def calibrate(device: torch.device, group=None, measure: Optional[Callable[[], dict]] = None) -> Calibration:
+def calibrate(device: torch.device, group=None, measure: Optional[Callable[[], dict]] = None,
+              given: Optional[Calibration] = None) -> Calibration:
     """Measure on every rank, keep rank 0's figures (broadcast), so every rank plans alike.
 
     Collective: every rank of ``group`` (default: the world) calls it. ``measure`` replaces the local
     micro-benchmark (returns :data:`_TIMED`'s figures); tests use it to give ranks different timings.
+    ``given`` (a recorded calibration, e.g. ``shardwise train --calibration``) is used instead of
+    measuring, rank 0's copy broadcast, so plans are reproducible and the same on every rank even
+    where hosts read different files.
 
     Example:
         >>> from shardwise.embedding import GreedyShardingPlanner
         >>> cal = calibrate(torch.device("cpu"))
         >>> planner = GreedyShardingPlanner(dist.get_world_size(), 2**30, calibration=cal)
     """
-    mine = (measure or (lambda: measure_local(device, group)))()
     world = dist.get_world_size(group)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    if given is not None:   # every field of rank 0's copy, its source included
+        box = [given]
+        dist.broadcast_object_list(box, src, group=group, device=device)
+        return dataclasses.replace(box[0], source=f"given ({box[0].source}), rank 0's copy broadcast to every rank",
+                                   world_size=world, device=device.type)
+    mine = (measure or (lambda: measure_local(device, group)))()
     vals = torch.tensor([float(mine[k]) for k in _TIMED], dtype=torch.float64, device=device)
-    dist.broadcast(vals, dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    dist.broadcast(vals, src, group=group)
     return Calibration(**dict(zip(_TIMED, vals.tolist())), source="measured on rank 0 (micro-benchmark), "
                        "broadcast to every rank", world_size=world, device=device.type)

@@ -103,12 +103,18 @@ def calibrate_and_plan(rank, world):
     cal = calibrate(device, measure=lambda: mine)
     plan = _planner(cal, world).plan(_tables())
     real = calibrate(device)
-    return cal, plan, real
+    # a recorded calibration: each rank is handed a different one (hosts reading different files), and
+    # every rank still plans from rank 0's copy, cross-host factor included
+    given = Calibration(**(CHEAP_ALL_REDUCE if rank == 0 else DEAR_ALL_REDUCE), cross_host_factor=float(10 + rank),
+                        source=f"file on rank {rank}")
+    return cal, plan, real, calibrate(device, given=given)
 
 
 def test_calibration_broadcast_makes_every_rank_plan_alike():
     out = run_on_ranks(calibrate_and_plan, 2)
-    (cal0, plan0, real0), (cal1, plan1, real1) = out
+    (cal0, plan0, real0, given0), (cal1, plan1, real1, given1) = out
+    assert given0 == given1 and given0.cross_host_factor == 10.0 and given0.source.startswith("given (file on rank 0)")
+    assert {k: getattr(given0, k) for k in _FIGS} == pytest.approx(CHEAP_ALL_REDUCE, rel=1e-12)
     assert cal0 == cal1 and {k: getattr(cal0, k) for k in _FIGS} == pytest.approx(CHEAP_ALL_REDUCE, rel=1e-12)
     assert plan0 == plan1 and ShardingType.DATA_PARALLEL in _types(plan0)
     # what rank 1 would have planned from its own figures: the broadcast is what made them agree
