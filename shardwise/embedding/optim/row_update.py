@@ -9,7 +9,9 @@ state buffer is read from memory once, updated and written back once, all arithm
 (SGD: one in-place loop; Adagrad: the accumulator's in-place loop, then the weight's, which reads
 the block's accumulator back from cache; Adam: the moments gathered into a block-sized temporary
 and scattered back); the eager update makes a pass per element-wise op (2-3x the time on the
-sharded benchmark's shape).
+sharded benchmark's shape). In a process with one intra-op thread, those calls run the rule's
+numba loop instead (``native_rows.py``: one pass over weight and state together, the same
+arithmetic), and inductor's kernel is not compiled at all.
 Smaller calls (unit-test sizes, the tail of a batch) stay eager: a compile costs seconds once per
 process, which only pays off on real batches. The choice depends only on the call's size, so
 replicas of a data-parallel table (same rows on every rank) always take the same path.
@@ -56,8 +58,9 @@ class RowUpdate:
     """
 
     def __init__(self, eager: Callable, kernel: Callable, coeffs_of: Callable, state_shapes: dict,
-                 compile_min_elements: Optional[int] = COMPILE_MIN_ELEMENTS):
+                 compile_min_elements: Optional[int] = COMPILE_MIN_ELEMENTS, native: Optional[str] = None):
         self.eager, self.kernel_fn, self.coeffs_of = eager, kernel, coeffs_of
+        self.native_name = native   # the rule's one-loop numba kernel (optim/native_rows.py), if it has one
         self.state_shapes = dict(state_shapes)
         self.state_names = tuple(self.state_shapes)
         self.compile_min_elements = compile_min_elements
@@ -68,17 +71,35 @@ class RowUpdate:
                  scale: float = 1.0) -> None:
         """Update ``weight`` and the rule's buffers in ``state`` on ``rows`` (unique) for the summed
         gradients ``grad`` (times ``scale``), as step ``state["step"]``."""
-        kernel = self._kernel(weight.dtype, grad.shape[1]) if self.compiles(rows, grad, weight) else None
+        large = self.compiles(rows, grad, weight)
+        if large:   # the native loop first: where it runs, inductor's kernel is never compiled
+            coeffs = torch.tensor(self.coeffs_of(hp, state["step"]) + [float(scale)], dtype=_STATE_DTYPE)
+            buffers = [state[n] for n in self.state_names]
+            if self.run_native(weight, buffers, rows, grad, coeffs):
+                return
+        kernel = self._kernel(weight.dtype, grad.shape[1]) if large else None
         if kernel is None:
             self.eager(weight, state, rows, grad if scale == 1.0 else grad * scale, hp)
             return
-        coeffs = torch.tensor(self.coeffs_of(hp, state["step"]) + [float(scale)], dtype=_STATE_DTYPE)
-        buffers = [state[n] for n in self.state_names]
         # even blocks: no tail of a row or two (a size the dynamic compile specialises: a recompile)
         blocks = -(-grad.numel() // BLOCK_ELEMENTS)
         size = -(-rows.numel() // blocks)
         for a in range(0, rows.numel(), size):
             kernel(weight, *buffers, rows[a:a + size], grad[a:a + size], coeffs)
+
+    def run_native(self, weight: torch.Tensor, buffers: list, rows: torch.Tensor, grad: torch.Tensor,
+                   coeffs: torch.Tensor) -> bool:
+        """Run the rule's one-loop native kernel if it applies here (numba installed, one intra-op
+        thread, CPU float32 contiguous tensors; see optim/native_rows.py); False if it does not."""
+        if self.native_name is None or torch.get_num_threads() != 1:
+            return False
+        from .native_rows import native_applies, native_kernel
+
+        kernel = native_kernel(self.native_name)
+        if kernel is None or not native_applies(weight, *buffers, rows, grad, coeffs):
+            return False
+        kernel(weight, *buffers, rows, grad, coeffs)
+        return True
 
     def compiles(self, rows: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor) -> bool:
         """Whether a call of this size runs the compiled kernel (depends on the call's shape only)."""

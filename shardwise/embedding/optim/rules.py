@@ -149,8 +149,8 @@ class FusedRule:
 
 
 def _rule(name, eager, state_shapes, init_values, forbidden, kernel, coeffs, row_state=False,
-          occurrence=None) -> FusedRule:
-    update = RowUpdate(eager, kernel, coeffs, state_shapes)
+          occurrence=None, native=None) -> FusedRule:
+    update = RowUpdate(eager, kernel, coeffs, state_shapes, native=native)
     return FusedRule(name, update, state_shapes, init_values, forbidden, kernel, coeffs, row_state, occurrence)
 
 
@@ -158,18 +158,18 @@ _RULES = {
     torch.optim.SGD: _rule(
         "SGD", sgd_update, {}, lambda hp: {},
         {"momentum": 0, "weight_decay": 0, "maximize": False, "nesterov": False},
-        sgd_kernel, lambda hp, step: [hp["lr"]], occurrence=OccurrenceSGD()),
+        sgd_kernel, lambda hp, step: [hp["lr"]], occurrence=OccurrenceSGD(), native="sgd"),
     torch.optim.Adagrad: _rule(
         "Adagrad", adagrad_update, {"sum": "elem"}, lambda hp: {"sum": hp["initial_accumulator_value"]},
-        {"weight_decay": 0, "maximize": False}, adagrad_kernel, _adagrad_coeffs),
+        {"weight_decay": 0, "maximize": False}, adagrad_kernel, _adagrad_coeffs, native="adagrad"),
     torch.optim.Adam: _rule(
         "Adam", adam_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
         lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
-        {"weight_decay": 0, "maximize": False, "amsgrad": False}, adam_kernel, _adam_coeffs),
+        {"weight_decay": 0, "maximize": False, "amsgrad": False}, adam_kernel, _adam_coeffs, native="adam"),
     torch.optim.AdamW: _rule(
         "AdamW", adamw_update, {"exp_avg": "elem", "exp_avg_sq": "elem"},
         lambda hp: {"exp_avg": 0.0, "exp_avg_sq": 0.0},
-        {"maximize": False, "amsgrad": False}, adamw_kernel, _adamw_coeffs),
+        {"maximize": False, "amsgrad": False}, adamw_kernel, _adamw_coeffs, native="adamw"),
     RowWiseAdagrad: _rule(
         "RowWiseAdagrad", row_wise_adagrad_update, {"sum": "row"},
         lambda hp: {"sum": hp["initial_accumulator_value"]}, {}, row_wise_adagrad_kernel,

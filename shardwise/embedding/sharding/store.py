@@ -178,7 +178,10 @@ class ShardStore:
         if self.kernel is not None:
             coeffs = torch.tensor(self.rule.coeffs(self.hp, self.steps[w]) + [self.grad_scale],
                                   dtype=grad_rows.dtype, device=grad_rows.device)
-            self.kernel(self.buffers[w], *state.values(), rows, grad_rows, coeffs)
+            # the one-loop native kernel where it applies (the same arithmetic), else inductor's
+            if not (isinstance(self.rule.update, RowUpdate)
+                    and self.rule.update.run_native(self.buffers[w], list(state.values()), rows, grad_rows, coeffs)):
+                self.kernel(self.buffers[w], *state.values(), rows, grad_rows, coeffs)
             return
         state["step"] = self.steps[w]
         # Row updates are independent, so on CPU they run in cache-sized row chunks: the

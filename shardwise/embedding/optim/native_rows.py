@@ -1,0 +1,119 @@
+"""The fused optimizers' row updates as one native loop (numba): each touched row of the weight and
+of its state read once, updated in registers and written back once.
+
+Inductor compiles the same kernels (``rules.py``) into one loop per mutated buffer: Adagrad's
+accumulator, then its weight, each a pass over the touched rows (about 7 row widths of memory
+traffic where 5 are needed). Numba compiles a plain loop as written, so one pass does it all: on
+the sharded benchmark's table-wise shape, Adagrad's update runs at the floor of reading and writing
+its touched rows once, where the inductor kernel took ~1.8x that (docs/embedding.md).
+
+The loops are serial (``nogil``): numba's parallel threading layers are either absent from its
+wheels (OpenMP) or unsafe when two Python threads launch parallel loops at once (workqueue), so a
+process running one intra-op thread takes them (``RowUpdate`` decides) and processes with more
+threads keep inductor's parallel loops. The arithmetic is the inductor kernel's, operation for
+operation in float32 (tested bit for bit), so replicas taking different paths cannot diverge.
+Row-wise Adagrad has no native loop: its row mean would sum in another order than inductor's.
+
+Example:
+    >>> import torch; from shardwise.embedding.optim.rules import sgd_kernel
+    >>> kernel = native_kernel("sgd") or sgd_kernel          # the inductor kernel's arithmetic, uncompiled
+    >>> w = torch.zeros(4, 2)
+    >>> kernel(w, torch.tensor([1, 3]), torch.ones(2, 2), torch.tensor([0.5, 1.0]))   # coeffs: lr, scale
+    >>> w[:, 0]
+    tensor([ 0.0000, -0.5000,  0.0000, -0.5000])
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+__all__ = ["native_kernel", "native_applies", "NATIVE_RULES"]
+
+NATIVE_RULES = ("sgd", "adagrad", "adam", "adamw")
+
+
+def _loops(nb) -> dict:
+    """The numba loops (compiled lazily at their first call, cached on disk by numba)."""
+    jit = nb.njit(cache=True, nogil=True, fastmath=False, error_model="numpy")
+
+    @jit
+    def sgd(w, rows, grad, c):
+        lr, scale = -c[0], c[c.shape[0] - 1]
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            for j in range(grad.shape[1]):
+                w[r, j] = w[r, j] + (grad[i, j] * scale) * lr
+
+    @jit
+    def adagrad(w, acc, rows, grad, c):
+        lr, eps, scale = -c[0], c[1], c[c.shape[0] - 1]
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            for j in range(grad.shape[1]):
+                g = grad[i, j] * scale
+                a = acc[r, j] + g * g
+                acc[r, j] = a
+                w[r, j] = w[r, j] + (g / (np.sqrt(a) + eps)) * lr
+
+    @jit
+    def adam(w, m, v, rows, grad, c, decay):
+        b1, b2, step_size, bias2, eps, scale = c[0], c[1], c[2], c[3], c[4], c[c.shape[0] - 1]
+        one_b1, one_b2, neg = np.float32(1) - b1, np.float32(1) - b2, -step_size
+        for i in range(rows.shape[0]):
+            r = rows[i]
+            for j in range(grad.shape[1]):
+                g = grad[i, j] * scale
+                mi = m[r, j] * b1 + g * one_b1
+                vi = v[r, j] * b2 + g * g * one_b2
+                m[r, j] = mi
+                v[r, j] = vi
+                step = mi / (np.sqrt(vi) / bias2 + eps)
+                if decay:   # AdamW: the decayed weight minus the step
+                    w[r, j] = w[r, j] * c[5] - step * step_size
+                else:
+                    w[r, j] = w[r, j] + step * neg
+
+    return {"sgd": sgd, "adagrad": adagrad, "adam": adam}
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_loops() -> Optional[dict]:
+    try:
+        import numba
+    except ImportError:   # numba missing: the inductor kernels run instead
+        return None
+    return _loops(numba)
+
+
+def native_kernel(rule: str) -> Optional[Callable]:
+    """``kernel(weight, *state buffers, rows, grad, coeffs)`` with the inductor kernel's signature
+    and arithmetic (``coeffs``: the rule's coefficients + the gradient scale), running as one numba
+    loop on CPU float32 contiguous tensors; None where numba is not installed or ``rule`` has none."""
+    loops = _compiled_loops()
+    if loops is None or rule not in NATIVE_RULES:
+        return None
+    if rule in ("adam", "adamw"):
+        loop, decay = loops["adam"], rule == "adamw"
+        return lambda w, m, v, rows, grad, c: loop(*_np(w, m, v, rows, grad, c), decay)
+    loop = loops[rule]
+    return lambda *args: loop(*_np(*args))
+
+
+def _np(*tensors: torch.Tensor) -> tuple:
+    # views of the same memory: the loops write the weight and state in place
+    return tuple(t.numpy() for t in tensors)
+
+
+def native_applies(*tensors: torch.Tensor) -> bool:
+    """Whether the native loop can take these tensors: CPU, float32 (indices int32/int64), contiguous,
+    none requiring grad (numpy views need detached memory), outside a torch.compile trace."""
+    for t in tensors:
+        if t.device.type != "cpu" or not t.is_contiguous() or t.requires_grad:
+            return False
+        if t.dtype not in (torch.float32, torch.int64, torch.int32):
+            return False
+    return not torch.compiler.is_compiling()
