@@ -88,10 +88,12 @@ def test_plans_at_scale_use_hosts_and_wide_columns(world):
     from shardwise.embedding import rank_ranges
 
     tables = _dlrm_v2_like()
-    t0 = time.perf_counter()
+    # CPU time of this process: a guard against a planner gone quadratic, not a speed claim, and
+    # blind to what else the machine runs (wall-clock limits failed under load)
+    t0 = time.process_time()
     planner = GreedyShardingPlanner(world, 80 * 2**30, batch_size_per_rank=512, ids_per_bag=1.0, ranks_per_host=8)
     plan = planner.plan(tables)
-    assert time.perf_counter() - t0 < 10.0                       # 128 ranks plan in seconds
+    assert time.process_time() - t0 < 10.0                       # 128 ranks plan in seconds
     assert plan == planner.plan(tables)                          # a pure function: every rank plans alike
     est = planner.estimate(plan, tables)
     hosts = [set(range(h, h + 8)) for h in range(0, world, 8)]
