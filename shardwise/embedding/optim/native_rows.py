@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-__all__ = ["native_kernel", "native_applies", "NATIVE_RULES"]
+__all__ = ["native_kernel", "native_occurrence_sgd", "native_applies", "NATIVE_RULES"]
 
 NATIVE_RULES = ("sgd", "adagrad", "adam", "adamw")
 
@@ -77,7 +77,17 @@ def _loops(nb) -> dict:
                 else:
                     w[r, j] = w[r, j] + step * neg
 
-    return {"sgd": sgd, "adagrad": adagrad, "adam": adam}
+    @jit
+    def occurrences(w, ids, offsets, psw, grad, alpha, weighted):
+        # every occurrence in turn (bag order): the same adds, in the same order, on every run
+        for b in range(offsets.shape[0] - 1):
+            for i in range(offsets[b], offsets[b + 1]):
+                r = ids[i]
+                s = psw[i] * alpha if weighted else alpha
+                for j in range(grad.shape[1]):
+                    w[r, j] = w[r, j] + grad[b, j] * s
+
+    return {"sgd": sgd, "adagrad": adagrad, "adam": adam, "occurrences": occurrences}
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,6 +111,22 @@ def native_kernel(rule: str) -> Optional[Callable]:
         return lambda w, m, v, rows, grad, c: loop(*_np(w, m, v, rows, grad, c), decay)
     loop = loops[rule]
     return lambda *args: loop(*_np(*args))
+
+
+def native_occurrence_sgd() -> Optional[Callable]:
+    """``loop(weight, ids, offsets, psw or None, grad, alpha)``: ``weight[ids[i]] += alpha * psw[i] *
+    grad[bag of i]`` for every occurrence in bag order (``OccurrenceSGD``'s update, the same
+    arithmetic as its inductor loop), reading the bag from ``offsets`` directly; None without numba."""
+    loops = _compiled_loops()
+    if loops is None:
+        return None
+    loop = loops["occurrences"]
+
+    def run(w, ids, offsets, psw, grad, alpha: float) -> None:
+        weights = psw.to(torch.float32).contiguous() if psw is not None else grad.new_empty(0)
+        loop(*_np(w, ids.contiguous(), offsets.contiguous(), weights, grad.contiguous()), np.float32(alpha),
+             psw is not None)
+    return run
 
 
 def _np(*tensors: torch.Tensor) -> tuple:

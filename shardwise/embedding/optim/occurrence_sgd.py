@@ -7,9 +7,12 @@ on CPU torch's comparison sort plus the per-row sums cost more than the update i
 a batch on 100 tables of 1024 x 64, 206k ids). Compiled by inductor, the per-occurrence form is one
 loop that reads each occurrence's bag gradient and adds it into the weight row in place.
 
-The compiled loop runs on one thread (inductor option ``cpp.threads=1``, for this kernel only): with
-several, the adds to a row shared by two threads' occurrences would land in a varying order, and a
-run would not repeat bit for bit. Rounding differs from the grouped update's by the order of the
+Where numba is installed, the loop is numba's (``native_rows.native_occurrence_sgd``: it walks the
+bags' offsets directly, no bag index per occurrence, and compiles in about a second instead of
+inductor's several); the arithmetic is the same, bit for bit.
+The loop runs on one thread (inductor option ``cpp.threads=1``, for this kernel only; numba's is
+serial): with several, the adds to a row shared by two threads' occurrences would land in a varying
+order, and a run would not repeat bit for bit. Rounding differs from the grouped update's by the order of the
 sums (``w - lr*g1 - lr*g2`` against ``w - lr*(g1 + g2)``), about an ulp per duplicate.
 
 Example:
@@ -62,16 +65,23 @@ class OccurrenceSGD:
         self.min_elements = min_elements
         self._kernels: dict[bool, object] = {}
         self._failed = False
+        self.native = False   # numba's loop, looked up at the first call (None: numba is not installed)
 
     def applies(self, weight: torch.Tensor, ids: torch.Tensor, grad: torch.Tensor, weighted: bool) -> bool:
         if (self._failed or ids.device.type != "cpu" or weight.dtype != torch.float32
                 or grad.dtype != torch.float32 or ids.numel() * weight.shape[1] < self.min_elements
                 or torch.compiler.is_compiling()):
             return False
+        if weight.is_contiguous() and self._native() is not None:
+            return True
         return self._kernel(weighted) is not None
 
     def __call__(self, weight, ids, offsets, psw: Optional[torch.Tensor], grad, alpha: float) -> None:
         """``weight[ids[i]] += alpha * psw[i] * grad[bag of i]`` for every occurrence ``i`` (compiled)."""
+        native = self._native() if weight.is_contiguous() else None
+        if native is not None:
+            native(weight, ids, offsets, psw, grad, alpha)
+            return
         bag = bag_of_occurrences(offsets, ids.numel())
         coeff = torch.tensor([alpha], dtype=torch.float32)
         kernel = self._kernel(psw is not None)
@@ -87,6 +97,13 @@ class OccurrenceSGD:
         if psw is not None:
             occ = occ * psw.unsqueeze(1)
         weight.index_put_((ids,), occ * alpha, accumulate=True)
+
+    def _native(self):
+        if self.native is False:
+            from .native_rows import native_occurrence_sgd
+
+            self.native = native_occurrence_sgd()
+        return self.native
 
     def _kernel(self, weighted: bool):
         if weighted not in self._kernels and not self._failed:

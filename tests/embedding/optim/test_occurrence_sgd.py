@@ -81,6 +81,21 @@ def test_compiled_scatter_equals_its_eager_arithmetic():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+def test_numba_loop_equals_the_inductor_loop_bit_for_bit():
+    pytest.importorskip("numba")
+    ids, offsets, psw, grad = _batches(weighted=True, steps=1)[0]
+    native, inductor = OccurrenceSGD(), OccurrenceSGD()
+    inductor.native = None   # as if numba were missing: the inductor loop
+    for w in (None, psw):
+        a = torch.randn(ROWS, DIM, generator=torch.Generator().manual_seed(4))
+        b = a.clone()
+        assert native.applies(a, ids, grad, w is not None) and inductor.applies(b, ids, grad, w is not None)
+        native(a, ids, offsets, w, grad, -LR)
+        inductor(b, ids, offsets, w, grad, -LR)
+        assert native.native is not None and not native._kernels and inductor._kernels
+        assert torch.equal(a, b)
+
+
 def test_small_calls_and_half_precision_take_the_grouped_update():
     sgd = OccurrenceSGD()
     ids = torch.arange(10)
