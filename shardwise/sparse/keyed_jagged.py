@@ -14,7 +14,7 @@ import torch
 from . import kjt_ops
 from .fx import SparseMeta
 from .jagged import JaggedTensor, _JaggedAccessors, check_jagged
-from .strides import check_inverse_indices, check_inverse_range, resolve_strides
+from .strides import Strides, check_inverse_indices, check_inverse_range, resolve_strides
 from .text import kjt_string
 
 __all__ = ["KeyedJaggedTensor"]
@@ -102,7 +102,8 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
         if length_per_key is not None or offset_per_key is not None:
             _check_cache("length_per_key", length_per_key, self.length_per_key())
             _check_cache("offset_per_key", offset_per_key, self.offset_per_key())
-        _check_cache("lengths_offset_per_key", lengths_offset_per_key, self.lengths_offset_per_key())
+        if lengths_offset_per_key is not None:
+            _check_cache("lengths_offset_per_key", lengths_offset_per_key, self.lengths_offset_per_key())
         if index_per_key is not None and dict(index_per_key) != self.index_per_key():
             raise ValueError(f"KeyedJaggedTensor: index_per_key={dict(index_per_key)} does not match keys {keys}; "
                              f"drop it (it is computed from keys)")
@@ -133,6 +134,25 @@ class KeyedJaggedTensor(_JaggedAccessors, metaclass=SparseMeta):
     def from_offsets(cls, keys, values, offsets, weights=None, stride=None) -> "KeyedJaggedTensor":
         """``from_offsets_sync`` without computing the per-key sizes yet."""
         return cls(keys, values, weights=weights, offsets=offsets, stride=stride)
+
+    @classmethod
+    def _from_consistent_parts(cls, keys: list, values: torch.Tensor, lengths: torch.Tensor, offsets: torch.Tensor,
+                               length_per_key: list, offset_per_key: list) -> "KeyedJaggedTensor":
+        """Internal: the KJT ``cls(keys, values, lengths=lengths).sync()`` builds, without its checks, for a
+        producer whose parts are consistent by construction: unique str ``keys``; 1-D int64 ``lengths``
+        >= 0, ``len(keys) * B`` of them, key-major; ``offsets`` their exclusive prefix sum (ending at
+        ``len(values)``); the per-key value counts and their prefix sums. The job builds every synthetic
+        batch this way (train/data.py): the checks cost it more than the rest of the KJT, and a
+        per-step price the library step on a pre-built batch never pays. tests/sparse pins the result
+        to the checked constructor's."""
+        kjt = object.__new__(cls)
+        kjt._keys, kjt._values, kjt._lengths, kjt._offsets, kjt._weights = keys, values, lengths, offsets, None
+        kjt._lengths_given, kjt._offsets_given = True, False
+        stride = lengths.numel() // len(keys) if keys else 0
+        kjt._strides = Strides(stride, [stride] * len(keys), None)
+        kjt._inverse_indices = None
+        kjt._length_per_key, kjt._offset_per_key = length_per_key, offset_per_key
+        return kjt
 
     @classmethod
     def from_jt_dict(cls, jt_dict: dict) -> "KeyedJaggedTensor":

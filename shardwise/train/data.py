@@ -78,6 +78,7 @@ class SyntheticClicks:
         self._flat = None
         self._cards_f = np.asarray(self.cards, dtype=np.float64)
         self._log_cards1 = np.log(self._cards_f + 1.0)
+        self._last_row = self._cards_f - 1
 
     def flat_effects(self) -> tuple:
         """(every table's hidden effects end to end, each after one 0.0; where each table starts)."""
@@ -95,17 +96,33 @@ class SyntheticClicks:
             return self._cache[index]
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 0x5EED, _SUB_BLOCK, index]))
         n = _SUB_BLOCK
+        # the normals, then every uniform in one call, in the order they were always drawn (missing
+        # dense values, ids, missing ids, labels): the same numbers as one call per use, and each
+        # step below computes what it always did, in place (this runs on every rank at every step)
+        raw = rng.standard_normal((n, NUM_DENSE))
+        u = rng.random(n * (NUM_DENSE + 2 * NUM_SPARSE + 1))
+        a, b, c = n * NUM_DENSE, n * (NUM_DENSE + NUM_SPARSE), n * (NUM_DENSE + 2 * NUM_SPARSE)
+        u_dense, u_ids, u_missing, u_label = u[:a], u[a:b], u[b:c], u[c:]
         # mu + 1.2 z is what normal(mu, 1.2) computes, without its slow per-element broadcast of mu
-        normal = self.dense_mu + 1.2 * rng.standard_normal((n, NUM_DENSE))
-        raw = np.maximum(np.floor(np.exp(normal)) - 1.0, 0.0)
-        raw[rng.random((n, NUM_DENSE)) < 0.05] = 0.0    # missing dense values read as 0
-        u = rng.random((n, NUM_SPARSE))
+        raw *= 1.2
+        raw += self.dense_mu
+        np.exp(raw, out=raw)
+        np.floor(raw, out=raw)
+        raw -= 1.0
+        np.maximum(raw, 0.0, out=raw)
+        raw[u_dense.reshape(n, NUM_DENSE) < 0.05] = 0.0    # missing dense values read as 0
         # floor(exp(u ln(card+1))) - 1 is a Zipf(1) law: row k drawn with probability ~ 1/(k+1)
-        ids = np.minimum(np.floor(np.exp(u * self._log_cards1)) - 1.0, self._cards_f - 1).astype(np.int64)
-        ids[rng.random((n, NUM_SPARSE)) < self.missing_rate] = -1
-        out = ClickLogBatch(raw.astype(np.float32), ids, np.zeros(n, dtype=np.float32))
-        logit = hidden_model_logits(self, out)
-        out.labels = (rng.random(n) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+        x = u_ids.reshape(n, NUM_SPARSE) * self._log_cards1
+        np.exp(x, out=x)
+        np.floor(x, out=x)
+        x -= 1.0
+        np.minimum(x, self._last_row, out=x)
+        ids = x.astype(np.int64)
+        ids[u_missing.reshape(n, NUM_SPARSE) < self.missing_rate] = -1
+        dense = raw.astype(np.float32)
+        logit = _logits(self, np.log1p(dense), ids)   # ids are in range by construction: no check
+        labels = (u_label < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+        out = ClickLogBatch(dense, ids, labels)
         if len(self._cache) >= _CACHED_SUB_BLOCKS:
             self._cache.pop(next(iter(self._cache)))
         self._cache[index] = out
@@ -268,16 +285,22 @@ def to_model_inputs(batch: ClickLogBatch, cardinalities: Sequence[int], device) 
         (torch.Size([4, 13]), 26, torch.Size([4]))
     """
     dense = torch.from_numpy(np.log1p(batch.dense)).to(device)
-    ids = batch.ids
+    # key-major layout: all bags of C1 for the batch, then C2, ...
+    ids = np.ascontiguousarray(batch.ids.T)
     present = ids >= 0
-    cards = np.asarray(cardinalities, dtype=np.int64)
+    cards = np.asarray(cardinalities, dtype=np.int64)[:, None]
     # ids fold modulo the table size (missing ones are dropped below); a comparison is far cheaper
     # than an int64 modulo, and the synthetic log's ids are in range already
     rows = ids % cards if (ids >= cards).any() else ids
-    # key-major layout: all bags of C1 for the batch, then C2, ...
-    values = torch.from_numpy(np.ascontiguousarray(rows.T[present.T]))
-    lengths = torch.from_numpy(np.ascontiguousarray(present.T.astype(np.int64)).reshape(-1))
-    kjt = KeyedJaggedTensor(SPARSE_NAMES, values.to(device), lengths=lengths.to(device))
+    lengths = present.reshape(-1).astype(np.int64)
+    offsets = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    per_key = np.count_nonzero(present, axis=1)
+    # every part is consistent by construction (one bag per example and feature, its id or nothing),
+    # so the KJT skips the constructor's checks: this runs on every rank at every step
+    to = lambda a: torch.from_numpy(a).to(device)   # noqa: E731
+    kjt = KeyedJaggedTensor._from_consistent_parts(list(SPARSE_NAMES), to(rows[present]), to(lengths), to(offsets),
+                                                   per_key.tolist(), [0] + np.cumsum(per_key).tolist())
     return dense, kjt, torch.from_numpy(batch.labels).to(device)
 
 
@@ -290,13 +313,18 @@ def hidden_model_logits(data: SyntheticClicks, batch: ClickLogBatch) -> np.ndarr
         raise ValueError(f"hidden_model_logits: id {int(ids[r, j])} of {SPARSE_NAMES[j]} (row {r}) is beyond its "
                          f"table of {data.cards[j]} rows; ids must be -1 (missing) or in [0, rows): pass batches "
                          f"of this generator")
-    logit = data.bias + np.log1p(batch.dense) @ data.dense_w
+    return _logits(data, np.log1p(batch.dense), ids)
+
+
+def _logits(data: SyntheticClicks, log_dense: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """:func:`hidden_model_logits` of ids known to be in range, with ``log1p(dense)`` given."""
+    logit = data.bias + log_dense @ data.dense_w
     # every feature's effect in one gather from the tables laid end to end, each after a 0.0 that a
     # missing id (-1) reads; then added feature by feature in the order the per-feature loop used,
-    # so the float64 sums and with them the labels stay bit for bit what they were
+    # so the float64 sums and with them the labels stay bit for bit what they were (a loop of 26
+    # adds is faster here than one accumulate down a [27, n] array)
     flat, offsets = data.flat_effects()
     picked = flat[(ids + offsets).T]   # [26, n]: each feature's row contiguous for its add
     for j in range(NUM_SPARSE):
         logit += picked[j]
     return logit
-

@@ -94,3 +94,29 @@ def test_keyed_tensor():
         KeyedTensor(["x"], [4], values)
     with pytest.raises(ValueError, match="2 keys but 1 lengths"):
         KeyedTensor(["x", "y"], [5], values)
+
+
+def _same_kjt(a: KeyedJaggedTensor, b: KeyedJaggedTensor) -> None:
+    """Every attribute equal (tensors by value and dtype), so no accessor can tell the two apart."""
+    va, vb = vars(a), vars(b)
+    assert va.keys() == vb.keys()
+    for k in va:
+        x, y = va[k], vb[k]
+        if isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), k
+        else:
+            assert x == y, k
+
+
+@pytest.mark.parametrize("lengths", [[1, 0, 2, 1, 1, 0], [0, 0, 0, 0, 0, 0], []])
+def test_consistent_parts_build_what_the_checked_constructor_builds(lengths):
+    keys = ["a", "b", "c"] if lengths else ["a"]
+    n = torch.tensor(lengths, dtype=torch.int64)
+    values = torch.arange(int(n.sum()), dtype=torch.int64) * 7
+    want = KeyedJaggedTensor(keys, values, lengths=n).sync()
+    per_key = want.length_per_key()
+    got = KeyedJaggedTensor._from_consistent_parts(list(keys), values, n, torch.cat([torch.zeros(1, dtype=torch.int64),
+                                                   n.cumsum(0)]), per_key, want.offset_per_key())
+    _same_kjt(got, want)
+    assert got.stride() == want.stride() and got.offsets().tolist() == want.offsets().tolist()
+    assert [got[k].values().tolist() for k in keys] == [want[k].values().tolist() for k in keys]

@@ -4,10 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from shardwise.sparse import KeyedJaggedTensor
 from shardwise.train.data import (
-    NUM_SPARSE, CriteoTSV, SyntheticClicks, default_cardinalities, hidden_model_logits, to_model_inputs,
+    NUM_SPARSE, SPARSE_NAMES, ClickLogBatch, CriteoTSV, SyntheticClicks, default_cardinalities, hidden_model_logits,
+    to_model_inputs,
 )
 from shardwise.train.model import auc
+from tests.sparse.test_sparse import _same_kjt
 
 CARDS = default_cardinalities(500)
 
@@ -126,6 +129,48 @@ def test_hidden_model_logits_refuse_ids_beyond_a_table():
     b.ids[2, 5] = CARDS[5]
     with pytest.raises(ValueError, match="beyond its table"):
         hidden_model_logits(data, b)
+
+
+def _block_reference(data, index):
+    """A sub-block as the generator drew it with one call per use and new arrays at every step (the
+    ground truth the in-place, one-draw generator must equal bit for bit)."""
+    rng = np.random.default_rng(np.random.SeedSequence([data.seed, 0x5EED, 256, index]))
+    raw = np.maximum(np.floor(np.exp(data.dense_mu + 1.2 * rng.standard_normal((256, 13)))) - 1.0, 0.0)
+    raw[rng.random((256, 13)) < 0.05] = 0.0
+    cards = np.asarray(data.cards, dtype=np.float64)
+    u = rng.random((256, NUM_SPARSE))
+    ids = np.minimum(np.floor(np.exp(u * np.log(cards + 1.0))) - 1.0, cards - 1).astype(np.int64)
+    ids[rng.random((256, NUM_SPARSE)) < data.missing_rate] = -1
+    dense = raw.astype(np.float32)
+    logit = _hidden_logits_reference(data, ClickLogBatch(dense, ids, np.zeros(256, np.float32)))
+    return dense, ids, (rng.random(256) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed, rows, missing", [(0, 100000, 0.01), (5, 300, 0.3)])
+def test_sub_blocks_equal_the_one_draw_per_use_generator(seed, rows, missing):
+    data = SyntheticClicks(seed, default_cardinalities(rows), missing_rate=missing)
+    for index in (0, 1, 37, 4095):
+        got, want = data._block(index), _block_reference(data, index)
+        for g, w in zip((got.dense, got.ids, got.labels), want):
+            assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+@pytest.mark.parametrize("rows, start, count, cards", [
+    (100000, 512, 256, None),     # the job's batch: one sub-block of the synthetic log
+    (300, 100, 300, None),        # across sub-blocks
+    (300, 0, 64, [7] * NUM_SPARSE),   # ids beyond the tables fold modulo their size
+    (300, 0, 0, None),            # no examples (the first example's arrays cut to none)
+])
+def test_model_inputs_equal_the_checked_kjt(rows, start, count, cards):
+    data = SyntheticClicks(1, default_cardinalities(rows), missing_rate=0.2)
+    b, cards = data.batch(start, max(count, 1)), cards or data.cards
+    b = ClickLogBatch(b.dense[:count], b.ids[:count], b.labels[:count])
+    dense, kjt, y = to_model_inputs(b, cards, torch.device("cpu"))
+    folded = np.where(b.ids >= 0, b.ids % np.asarray(cards), -1).T   # key-major, missing = -1
+    want = KeyedJaggedTensor(SPARSE_NAMES, torch.from_numpy(folded[folded >= 0]),
+                             lengths=torch.from_numpy((folded >= 0).astype(np.int64).reshape(-1))).sync()
+    _same_kjt(kjt, want)
+    assert torch.equal(dense, torch.from_numpy(np.log1p(b.dense))) and torch.equal(y, torch.from_numpy(b.labels))
 
 
 def test_a_rank_generates_only_the_sub_blocks_it_reads():
