@@ -18,9 +18,9 @@ from .topology import MeshTopology
 __all__ = ["batch_problem", "raise_everywhere"]
 
 
-def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict) -> Optional[str]:
+def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict, ids: bool = True) -> Optional[str]:
     """This rank's problem with its batch (None if fine): type and features (``check_features``
-    raises), VBE, and ids outside their table's ``rows``."""
+    raises), VBE, and (``ids``) ids outside their table's ``rows``."""
     try:
         check_features(kjt)
     except (ValueError, TypeError) as exc:
@@ -29,6 +29,8 @@ def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict) 
         return ("ValueError: a variable batch per feature (VBE: stride_per_key_per_rank) is not supported by the "
                 "sharded EmbeddingCollection; give every feature the same batch size (the bag collections take VBE "
                 "with inverse_indices)")
+    if not ids:
+        return None
     keys, per_key = kjt.keys(), kjt.length_per_key()
     if not keys or kjt.values().numel() == 0:
         return None

@@ -1,0 +1,135 @@
+"""The local lookup of a sharded bag collection in a group of one rank (sharding/local.py): outputs,
+updated weights and load counts bit for bit those of the general path (routing, id all-to-all, output
+dist), which is forced on a twin module (``_local_shortcut = False``); both against the unsharded module
+in plain PyTorch."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from shardwise.embedding import (column_wise, data_parallel, reshard, row_wise, shard, table_row_wise,
+                                 table_wise)
+from shardwise.embedding.qcomm import CommType, QCommsConfig, get_qcomm_codecs_registry
+from shardwise.embedding.torchrec_api.sharded_api import use_qcomm
+from shardwise.sparse import KeyedJaggedTensor
+from shardwise.testing import run_on_ranks, worker_mesh
+
+from .. import common
+from ..test_variable_batch import make_vbe
+
+# at world 1 every plan keeps each table whole on rank 0 ("groups": three sharding-type groups)
+_NAMES = [n for n, *_ in common.TABLES]
+_KINDS = {"table_wise": table_wise(0), "row_wise": row_wise(), "column_wise": column_wise([0]),
+          "data_parallel": data_parallel(), "table_row_wise": table_row_wise(0)}
+PLANS = {kind: {n: ps for n in _NAMES} for kind, ps in _KINDS.items()}
+PLANS["groups"] = {"t_a": row_wise(), "t_b": table_wise(0), "t_tiny": column_wise([0]), "t_c": data_parallel()}
+DIM = sum(d * len(f) for _, _, d, f, _ in common.TABLES)
+
+
+def _twins(ebc, plan, optimizer, mesh):
+    """(local path, general path) modules of the same tables and plan."""
+    local = shard(ebc, plan, mesh=mesh, optimizer=optimizer, load_sample_every=1)
+    general = shard(ebc, plan, mesh=mesh, optimizer=optimizer, load_sample_every=1)
+    general._local_shortcut = False
+    return local, general
+
+
+def _weights(module) -> dict:
+    return {k: v.full_tensor() for k, v in module.state_dict().items()}
+
+
+def train_both_paths(rank, world, names, optimizer, weighted, steps=3):
+    """Per plan: (local path taken, outputs identical, weights identical, load counts identical, max
+    output error vs the unsharded module, max weight error vs the dense reference, how far it moved)."""
+    mesh = worker_mesh((world,))
+    ebc = common.make_ebc(seed=2, weighted=weighted)
+    want = common.reference_train(ebc, optimizer, world, steps, weighted)
+    moved = max((w - ebc.embedding_bags[t].weight).abs().max().item() for t, w in want.items())
+    plain = common.make_ebc(seed=2, weighted=weighted)   # forward ground truth of the first step
+    out = {}
+    for name in names:
+        local, general = _twins(ebc, PLANS[name], optimizer, mesh)
+        same_out, out_err = True, 0.0
+        for step in range(steps):
+            batch = common.rank_batches(world, step, weighted)[rank]
+            target = common.targets(world, step, [batch.stride()], DIM)[0]
+            a, b = local(batch), general(batch)
+            same_out &= torch.equal(a.values(), b.values()) and a.keys() == b.keys()
+            if step == 0:
+                out_err = (a.values() - plain(batch).values()).abs().max().item()
+            common.loss_fn(a, target).backward()
+            common.loss_fn(b, target).backward()
+        wa, wb = _weights(local), _weights(general)
+        same_w = all(torch.equal(wa[k], wb[k]) for k in wa)
+        err = max((wa[f"embedding_bags.{t}.weight"] - w).abs().max().item() for t, w in want.items())
+        la, lb = local.load_stats(), general.load_stats()
+        out[name] = (local._local_lookup() is not None, same_out, same_w, la == lb, out_err, err, moved)
+    return out
+
+
+def test_local_path_equals_general_path_and_plain_pytorch():
+    names = list(PLANS)
+    cases = [(common.SGD, False), (common.ADAGRAD, True)]
+    for optimizer, weighted in cases:
+        (res,) = run_on_ranks(train_both_paths, 1, names, optimizer, weighted, timeout=300.0)
+        for name, (local, same_out, same_w, same_load, out_err, err, moved) in res.items():
+            key = (name, optimizer.func.__name__, weighted)
+            assert local, f"{key}: the local path was not taken"
+            assert same_out and same_w and same_load, f"{key}: outputs {same_out}, weights {same_w}, load {same_load}"
+            assert out_err < 1e-5, f"{key}: output error {out_err} against the unsharded module"
+            assert moved > 1e-3 and err < 1e-5, f"{key}: weight error {err} (reference moved {moved})"
+
+
+def errors_vbe_reshard_qcomm(rank, world):
+    """A bad id (the general path's message; nothing changed, nothing counted), a VBE batch, a reshard
+    (the local lookup is rebuilt over the new stores) and quantized comms (the general path)."""
+    mesh = worker_mesh((world,))
+    ebc = common.make_ebc(seed=3)
+    plan = {n: table_wise(0) for n, *_ in common.TABLES}
+    sgd = functools.partial(torch.optim.SGD, lr=0.1)
+    local, general = _twins(ebc, plan, sgd, mesh)
+    before = _weights(local)
+    bad = KeyedJaggedTensor(["fb", "fa1"], torch.tensor([0, 7, 3]), lengths=torch.tensor([2, 1]))
+    messages = []
+    for m in (local, general):
+        try:
+            m(bad)
+        except ValueError as exc:
+            messages.append(str(exc))
+    unchanged = all(torch.equal(before[k], v) for k, v in _weights(local).items())
+    counted = (local._lookup_counter.steps, general._lookup_counter.steps)
+    vbe, written = make_vbe(5, 4, False)
+    got, other, want = local(vbe), general(vbe), ebc(written)
+    vbe_same = torch.equal(got.values(), other.values())
+    vbe_err = (got.values() - want.values()).abs().max().item()
+    got.values().sum().backward()
+    other.values().sum().backward()
+    vbe_weights = all(torch.equal(a, b) for a, b in zip(_weights(local).values(), _weights(general).values()))
+    batch = common.rank_batches(1, 0, False)[0]
+    old = local._local_lookup()
+    changes = {"t_a": row_wise(), "t_c": data_parallel()}
+    reshard(local, changes)
+    reshard(general, changes)
+    rebuilt = local._local_lookup() not in (None, old)
+    a, b = local(batch), general(batch)
+    a.values().sum().backward()
+    b.values().sum().backward()
+    after_reshard = torch.equal(a.values(), b.values()) and \
+        all(torch.equal(x, y) for x, y in zip(_weights(local).values(), _weights(general).values()))
+    registry = get_qcomm_codecs_registry(QCommsConfig(CommType.BF16, CommType.BF16))
+    use_qcomm(local, registry)
+    use_qcomm(general, registry)
+    quantized = local._local_lookup() is None and torch.equal(local(batch).values(), general(batch).values())
+    return messages, unchanged, counted, vbe_same, vbe_err, vbe_weights, rebuilt, after_reshard, quantized
+
+
+def test_bad_ids_vbe_reshard_and_qcomm_on_the_local_path():
+    messages, unchanged, counted, vbe_same, vbe_err, vbe_weights, rebuilt, after_reshard, quantized = \
+        run_on_ranks(errors_vbe_reshard_qcomm, 1, timeout=120.0)[0]
+    assert len(messages) == 2 and messages[0] == messages[1], messages
+    assert "rank(s) [0]" in messages[0] and "id 7 of feature 'fb' is outside its table's rows [0, 7)" in messages[0]
+    assert unchanged and counted == (0, 0)
+    assert vbe_same and vbe_err < 1e-5 and vbe_weights
+    assert rebuilt and after_reshard and quantized
