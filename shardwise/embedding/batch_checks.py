@@ -34,7 +34,12 @@ def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict, 
     keys, per_key = kjt.keys(), kjt.length_per_key()
     if not keys or kjt.values().numel() == 0:
         return None
-    limit = torch.tensor([rows[k] for k in keys], device=kjt.values().device)
+    limits = [rows[k] for k in keys]
+    if len(set(limits)) == 1:   # one bound for every id: one pass (min and max), the detail only if bad
+        low, high = torch.aminmax(kjt.values())
+        if 0 <= int(low) and int(high) < limits[0]:
+            return None
+    limit = torch.tensor(limits, device=kjt.values().device)
     limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device),
                                     output_size=kjt.values().numel())
     bad = (kjt.values() < 0) | (kjt.values() >= limit)
