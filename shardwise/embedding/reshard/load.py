@@ -80,7 +80,7 @@ class LookupCounter:
             # times faster than int64), the same integers; unchecked ids stay int64 (a cast could wrap them)
             fits = checked and max(rows, default=0) * max(nb, default=0) < 2 ** 31
             dtype = torch.int32 if fits else torch.int64
-            same = len(set(zip(rows, nb))) == 1   # one table size and bucket count: scalar arithmetic
+            same = len(set(zip(rows, nb))) == 1
             self._per_keys[keys, checked] = (dtype, same, *(torch.tensor(v, dtype=dtype, device=self.device)
                                                             for v in (rows, nb, first)))
         return self._per_keys[keys, checked]
@@ -96,13 +96,16 @@ class LookupCounter:
         if n == 0 or not kjt.keys():
             return
         dtype, same, rows, nb, first = self._key_tensors(tuple(kjt.keys()), checked)
-        key = torch.repeat_interleave(torch.arange(len(rows), device=self.device),
-                                      torch.tensor(kjt.length_per_key(), device=self.device), output_size=n)
+        per_key = torch.tensor(kjt.length_per_key(), device=self.device)
         ids = values.to(self.device, dtype)
         total = self._starts[-1]
-        first_v = first.index_select(0, key)
-        rows_v = rows[:1] if same else rows.index_select(0, key)
-        scaled = (ids if checked else ids.clamp(min=0)) * (nb[:1] if same else nb.index_select(0, key))
+        if same:   # one table size and bucket count: only the first bucket differs per key
+            first_v = torch.repeat_interleave(first, per_key, output_size=n)
+            rows_v, nb_v = rows[:1], nb[:1]
+        else:
+            key = torch.repeat_interleave(torch.arange(len(rows), device=self.device), per_key, output_size=n)
+            first_v, rows_v, nb_v = first.index_select(0, key), rows.index_select(0, key), nb.index_select(0, key)
+        scaled = (ids if checked else ids.clamp(min=0)) * nb_v
         bucket = first_v.add_(torch.div(scaled, rows_v.clamp(min=1), rounding_mode="floor"))
         if not checked:
             bucket = torch.where((ids >= 0) & (ids < rows_v), bucket, total)
