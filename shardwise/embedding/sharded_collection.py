@@ -22,7 +22,7 @@ from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
 from .sharding.store import ShardStore
 from .sharding.exchange import PendingInput, start_groups
-from .sharding.local import LocalLookup, start_local
+from .sharding.local import LocalLookup, finish_local, local_lookup, start_local
 from .sharding import SHARDERS, Stages
 from .shard_source import shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
@@ -125,7 +125,7 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         # per-table id counts of every forward, for load_stats() / propose_rebalance()
         self._lookup_counter = LookupCounter(self._tables, topo.device, every=load_sample_every)
         self._prefetched: Optional[PendingInput] = None   # set by a pipeline: the next forward's batch
-        self._local, self._local_of = None, None   # the LocalLookup of the groups _local_of (see _local_lookup)
+        self._local, self._local_of = None, None   # the LocalLookup of the groups _local_of (sharding/local.py)
 
     @staticmethod
     def _check_rule(rule, plan) -> None:
@@ -274,14 +274,8 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         return pending
 
     def _local_lookup(self) -> Optional[LocalLookup]:
-        """The lookup without routing while every shard is local and whole (one rank; built again after
-        a reshard replaced the groups), else None; quantized comms keep the general path (their
-        rounding is part of the results)."""
-        if not self._local_shortcut or self._qcomm_codecs is not None:
-            return None
-        if self._local_of is not self._groups:
-            self._local, self._local_of = LocalLookup.build(self._groups, self._topo, self._features), self._groups
-        return self._local
+        """The lookup without routing (sharding/local.py) while this module allows it, else None."""
+        return local_lookup(self)
 
     def forward_from(self, pending: PendingInput) -> KeyedTensor:
         """Collective, second half of ``forward``: wait for ``pending``'s ids (from
@@ -301,13 +295,10 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         pending.advance()
         if pending.bad_ranks:
             self._raise_everywhere(pending.problem, pending.bad_ranks)
-        if pending.local_lookup is not None:   # its ids are checked in the lookup: counted after it
-            out = self._lookup_local(pending)
-            self._lookup_counter.sample(pending.kjt, checked=True)
-            return out
-        # the load that feeds rebalancing (every k-th forward); the batch check passed on every rank
+        out = finish_local(self, pending) if pending.local_lookup is not None else self._lookup_pending(pending)
+        # the load that feeds rebalancing (every k-th forward), once the batch's ids passed their check
         self._lookup_counter.sample(pending.kjt, checked=True)
-        return self._lookup_pending(pending)
+        return out
 
     def _lookup_pending(self, pending: PendingInput) -> KeyedTensor:
         """Look up a checked batch whose ids arrived and send the pooled rows back to their samples."""
@@ -323,19 +314,6 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         if pending.vbe is not None:
             pieces = [pending.vbe.expand(f, p) for f, p in zip(self._features, pieces)]
         return KeyedTensor(self._features, self._dims, torch.cat(pieces, dim=1))
-
-    def _lookup_local(self, pending: PendingInput) -> KeyedTensor:
-        """:meth:`_lookup_pending` for a batch started by ``start_local``: every table whole on this rank."""
-        kjt, vbe = pending.kjt, pending.vbe
-
-        def bad_id():   # the general path's error, from the full check of the batch
-            self._raise_everywhere(self._check_batch(kjt) or "ValueError: an id is outside its table's rows",
-                                   [self._topo.rank])
-
-        out = pending.local_lookup(kjt, self._anchor, self._is_weighted, vbe is not None, bad_id)
-        if vbe is not None:
-            out = torch.cat([vbe.expand(f, out[f]) for f in self._features], dim=1)
-        return KeyedTensor(self._features, self._dims, out)
 
     def _check_features(self, kjt) -> None:
         check_features(kjt, self._features, self._is_weighted)

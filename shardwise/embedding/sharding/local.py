@@ -30,10 +30,11 @@ from typing import Callable, Optional
 
 import torch
 
+from ...sparse import KeyedTensor
 from ..collection.stacked import StackedTables
 from .exchange import PendingInput
 
-__all__ = ["LocalLookup", "start_local"]
+__all__ = ["LocalLookup", "local_lookup", "start_local", "finish_local"]
 
 
 def _whole_here(group, rank: int) -> bool:
@@ -89,3 +90,29 @@ def start_local(module, kjt, problem: Optional[str], local: LocalLookup) -> Pend
     pending = PendingInput(module, kjt, local_kjt, problem, [None] * n, [None] * n, agreed=[(batch, flag)])
     pending.local_lookup = local
     return pending
+
+
+def local_lookup(module) -> Optional[LocalLookup]:
+    """``module``'s (a sharded bag collection's) :class:`LocalLookup`, built again once a reshard
+    replaced its groups; None where it has none, where its class keeps the general path
+    (``_local_shortcut``) or where quantized comms are on (their rounding is part of the results)."""
+    if not module._local_shortcut or module._qcomm_codecs is not None:
+        return None
+    if module._local_of is not module._groups:
+        module._local = LocalLookup.build(module._groups, module._topo, module._features)
+        module._local_of = module._groups
+    return module._local
+
+
+def finish_local(module, pending: PendingInput) -> KeyedTensor:
+    """``module.forward_from`` for a batch from :func:`start_local`: its pooled bags as a KeyedTensor."""
+    kjt, vbe = pending.kjt, pending.vbe
+
+    def bad_id():   # the general path's error, from the full check of the batch
+        module._raise_everywhere(module._check_batch(kjt) or "ValueError: an id is outside its table's rows",
+                                 [module._topo.rank])
+
+    out = pending.local_lookup(kjt, module._anchor, module._is_weighted, vbe is not None, bad_id)
+    if vbe is not None:   # a VBE batch: each sample's rows from its feature's deduplicated bag
+        out = torch.cat([vbe.expand(f, out[f]) for f in module._features], dim=1)
+    return KeyedTensor(module._features, module._dims, out)
