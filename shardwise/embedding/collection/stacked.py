@@ -266,15 +266,16 @@ class StackedTables:
         index = {k: i for i, k in enumerate(keys)}
         order, ranges, bases, rows, mean, present = [], [], [], [], [], []
         for slot in self._slots:
+            dev = slot.store.buffers[slot.w].device   # the ids' device: the lookup's tensors live there
             names = [f for f in slot.features if f in index]
             ranges.append((len(order), len(order) + len(names)))
             order += [index[f] for f in names]
             picked = [j for j, f in enumerate(slot.features) if f in index]
             b = [slot.bases[j] for j in picked]
-            bases.append(None if not any(b) else torch.tensor(b, dtype=torch.int64))
-            rows.append(torch.tensor([slot.rows[j] for j in picked], dtype=torch.int64))
+            bases.append(None if not any(b) else torch.tensor(b, dtype=torch.int64, device=dev))
+            rows.append(torch.tensor([slot.rows[j] for j in picked], dtype=torch.int64, device=dev))
             m = [self._mean[f] for f in names]
-            mean.append(torch.tensor(m) if any(m) else None)
+            mean.append(torch.tensor(m, device=dev) if any(m) else None)
             present.append(names)
         perm = None if order == list(range(len(keys))) else order
         in_order = [keys[i] for i in order] == self._features and all(names for names in present)

@@ -115,4 +115,8 @@ def finish_local(module, pending: PendingInput) -> KeyedTensor:
     out = pending.local_lookup(kjt, module._anchor, module._is_weighted, vbe is not None, bad_id)
     if vbe is not None:   # a VBE batch: each sample's rows from its feature's deduplicated bag
         out = torch.cat([vbe.expand(f, out[f]) for f in module._features], dim=1)
+    if torch.is_grad_enabled() and not out.requires_grad:
+        # no lookup ran (no ids): zeros that still reach the anchor, as the general path's output
+        # does through its collectives, so a backward of a loss of them runs as it does there
+        out = out + module._anchor.sum()
     return KeyedTensor(module._features, module._dims, out)

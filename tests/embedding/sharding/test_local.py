@@ -133,3 +133,36 @@ def test_bad_ids_vbe_reshard_and_qcomm_on_the_local_path():
     assert unchanged and counted == (0, 0)
     assert vbe_same and vbe_err < 1e-5 and vbe_weights
     assert rebuilt and after_reshard and quantized
+
+
+def edge_batches(rank, world):
+    """Per edge batch (weighted module): (outputs identical, both require grad, weights identical after
+    the backward of their sum) for the local and the general path."""
+    mesh = worker_mesh((world,))
+    ebc = common.make_ebc(seed=1, weighted=True)
+    local, general = _twins(ebc, {n: table_wise(0) for n in _NAMES}, common.SGD, mesh)
+    i64, f32 = torch.int64, torch.float32
+    cases = {
+        "no_samples": KeyedJaggedTensor(["fa1"], torch.zeros(0, dtype=i64), weights=torch.zeros(0),
+                                        lengths=torch.zeros(0, dtype=i64), stride=0),
+        "no_keys": KeyedJaggedTensor([], torch.zeros(0, dtype=i64), weights=torch.zeros(0, dtype=f32),
+                                     lengths=torch.zeros(0, dtype=i64), stride=3),
+        "no_ids": KeyedJaggedTensor(["fa1", "fc2"], torch.zeros(0, dtype=i64), weights=torch.zeros(0),
+                                    lengths=torch.zeros(4, dtype=i64)),
+        "int32_ids_f64_weights": KeyedJaggedTensor(["fc2", "fa1"], torch.tensor([1, 2, 3], dtype=torch.int32),
+                                                   weights=torch.tensor([0.5, 1.0, 2.0], dtype=torch.float64),
+                                                   lengths=torch.tensor([1, 0, 2, 0], dtype=torch.int32)),
+    }
+    out = {}
+    for name, kjt in cases.items():
+        a, b = local(kjt).values(), general(kjt).values()
+        a.sum().backward()
+        b.sum().backward()
+        out[name] = (torch.equal(a, b), a.requires_grad and b.requires_grad,
+                     all(torch.equal(x, y) for x, y in zip(_weights(local).values(), _weights(general).values())))
+    return out
+
+
+def test_edge_batches_on_the_local_path():
+    for name, (same_out, grads, same_w) in run_on_ranks(edge_batches, 1, timeout=120.0)[0].items():
+        assert same_out and grads and same_w, f"{name}: outputs {same_out}, require grad {grads}, weights {same_w}"
