@@ -166,3 +166,50 @@ def edge_batches(rank, world):
 def test_edge_batches_on_the_local_path():
     for name, (same_out, grads, same_w) in run_on_ranks(edge_batches, 1, timeout=120.0)[0].items():
         assert same_out and grads and same_w, f"{name}: outputs {same_out}, require grad {grads}, weights {same_w}"
+
+
+def fused_sgd_occurrences(rank, world):
+    """Tables large enough for the fused SGD's per-occurrence kernel (optim/occurrence_sgd.py, what the
+    many-small-tables benchmark runs): (calls of that kernel on each path, outputs identical, weights
+    identical, max weight error vs torch.optim.SGD on the unsharded module)."""
+    from shardwise.embedding import EmbeddingBagCollection, EmbeddingBagConfig
+    from shardwise.embedding.optim.occurrence_sgd import OccurrenceSGD
+
+    mesh = worker_mesh((world,))
+    cfgs = [EmbeddingBagConfig(256, 32, f"t{i}", feature_names=[f"f{i}"]) for i in range(4)]
+    ebc = EmbeddingBagCollection(cfgs, init_seed=5)
+    ref = EmbeddingBagCollection(cfgs, init_seed=5)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.05)
+    local, general = _twins(ebc, {c.name: table_wise(0) for c in cfgs}, common.SGD, mesh)
+    calls, real = [0, 0], OccurrenceSGD.__call__
+
+    def counted(self, weight, *args):
+        calls[0 if weight.data_ptr() == local._groups[0].store.buffers[0].data_ptr() else 1] += 1
+        return real(self, weight, *args)
+
+    OccurrenceSGD.__call__ = counted
+    try:
+        same_out = True
+        for step in range(2):
+            g = torch.Generator().manual_seed(step)
+            lengths = torch.randint(0, 40, (4 * 32,), generator=g)
+            kjt = KeyedJaggedTensor([c.feature_names[0] for c in cfgs], torch.randint(0, 256, (int(lengths.sum()),),
+                                    generator=g), lengths=lengths)
+            a, b, want = local(kjt), general(kjt), ref(kjt)
+            same_out &= torch.equal(a.values(), b.values())
+            for out in (a, b, want):
+                (out.values() ** 2).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        OccurrenceSGD.__call__ = real
+    wa, wb = _weights(local), _weights(general)
+    err = max((wa[f"embedding_bags.{c.name}.weight"] - ref.embedding_bags[c.name].weight).abs().max().item()
+              for c in cfgs)
+    return calls, same_out, all(torch.equal(wa[k], wb[k]) for k in wa), err
+
+
+def test_fused_sgd_occurrence_kernel_on_the_local_path():
+    calls, same_out, same_w, err = run_on_ranks(fused_sgd_occurrences, 1, timeout=300.0)[0]
+    assert calls == [2, 2], f"the per-occurrence kernel ran {calls} times (local, general), expected 2 each"
+    assert same_out and same_w and err < 1e-5, f"outputs {same_out}, weights {same_w}, error vs torch.optim {err}"
