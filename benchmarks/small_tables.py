@@ -11,7 +11,7 @@ script): one process, the SGD update fused into backward (lr 0.02), batch 64, 10
 
 Implementations: ``fused_ebc`` (shardwise.embedding.FusedEmbeddingBagCollection, TorchRec's class
 name and signature), ``shard`` (shard() of an EmbeddingBagCollection at world 1, every table
-table-wise on rank 0) and ``torchrec`` (torchrec.modules.fused_embedding_modules.FusedEmbeddingBagCollection,
+table-wise on rank 0: the one-rank path of shardwise/embedding/sharding/local.py, no routing) and ``torchrec`` (torchrec.modules.fused_embedding_modules.FusedEmbeddingBagCollection,
 FBGEMM's CPU kernel). Each measurement is a fresh process (its peak RSS is its own) that builds the
 module, draws the same batches (a seeded torch generator: identical ids in both interpreters), runs
 warm-up epochs, then times epochs; rounds interleave the implementations so load from other processes

@@ -18,9 +18,9 @@ from .topology import MeshTopology
 __all__ = ["batch_problem", "raise_everywhere"]
 
 
-def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict) -> Optional[str]:
+def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict, ids: bool = True) -> Optional[str]:
     """This rank's problem with its batch (None if fine): type and features (``check_features``
-    raises), VBE, and ids outside their table's ``rows``."""
+    raises), VBE, and (``ids``) ids outside their table's ``rows``."""
     try:
         check_features(kjt)
     except (ValueError, TypeError) as exc:
@@ -29,10 +29,17 @@ def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict) 
         return ("ValueError: a variable batch per feature (VBE: stride_per_key_per_rank) is not supported by the "
                 "sharded EmbeddingCollection; give every feature the same batch size (the bag collections take VBE "
                 "with inverse_indices)")
+    if not ids:
+        return None
     keys, per_key = kjt.keys(), kjt.length_per_key()
     if not keys or kjt.values().numel() == 0:
         return None
-    limit = torch.tensor([rows[k] for k in keys], device=kjt.values().device)
+    limits = [rows[k] for k in keys]
+    if len(set(limits)) == 1:   # one bound for every id: one pass (min and max), the detail only if bad
+        low, high = torch.aminmax(kjt.values())
+        if 0 <= int(low) and int(high) < limits[0]:
+            return None
+    limit = torch.tensor(limits, device=kjt.values().device)
     limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device),
                                     output_size=kjt.values().numel())
     bad = (kjt.values() < 0) | (kjt.values() >= limit)

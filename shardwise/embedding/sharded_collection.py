@@ -22,6 +22,7 @@ from .reshard.load import LookupCounter
 from .sharding.routing import GroupSpec, Routing
 from .sharding.store import ShardStore
 from .sharding.exchange import PendingInput, start_groups
+from .sharding.local import LocalLookup, finish_local, local_lookup, start_local
 from .sharding import SHARDERS, Stages
 from .shard_source import shard_source, table_weight
 from .state_dict import copy_into_shards, wrap_shards
@@ -82,6 +83,7 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
 
     _prefix = "embedding_bags"   # state-dict keys: <_prefix>.<table>.weight (the unsharded module's names)
     _takes_variable_batch = True   # VBE batches (TorchRec's inverse_indices); the sequence module refuses them
+    _local_shortcut = True   # one rank, every table whole on it: look up without routing (sharding/local.py)
 
     def __init__(self, ebc: EmbeddingBagCollection, plan: dict, topo: MeshTopology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):
@@ -123,6 +125,7 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         # per-table id counts of every forward, for load_stats() / propose_rebalance()
         self._lookup_counter = LookupCounter(self._tables, topo.device, every=load_sample_every)
         self._prefetched: Optional[PendingInput] = None   # set by a pipeline: the next forward's batch
+        self._local, self._local_of = None, None   # the LocalLookup of the groups _local_of (sharding/local.py)
 
     @staticmethod
     def _check_rule(rule, plan) -> None:
@@ -262,9 +265,17 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
                 padded, vbe = split_variable_batch(kjt)
             except ValueError as exc:
                 problem = f"ValueError: {exc}"
-        pending = start_groups(self, padded, problem or self._check_batch(padded))
+        local = self._local_lookup()
+        if local is not None:   # the id range check runs inside the local lookup
+            pending = start_local(self, padded, problem or self._check_batch(padded, ids=False), local)
+        else:
+            pending = start_groups(self, padded, problem or self._check_batch(padded))
         pending.source, pending.vbe = kjt, vbe
         return pending
+
+    def _local_lookup(self) -> Optional[LocalLookup]:
+        """The lookup without routing (sharding/local.py) while this module allows it, else None."""
+        return local_lookup(self)
 
     def forward_from(self, pending: PendingInput) -> KeyedTensor:
         """Collective, second half of ``forward``: wait for ``pending``'s ids (from
@@ -284,8 +295,10 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         pending.advance()
         if pending.bad_ranks:
             self._raise_everywhere(pending.problem, pending.bad_ranks)
-        self._lookup_counter.sample(pending.kjt)   # the load that feeds rebalancing (every k-th forward)
-        return self._lookup_pending(pending)
+        out = finish_local(self, pending) if pending.local_lookup is not None else self._lookup_pending(pending)
+        # the load that feeds rebalancing (every k-th forward), once the batch's ids passed their check
+        self._lookup_counter.sample(pending.kjt, checked=True)
+        return out
 
     def _lookup_pending(self, pending: PendingInput) -> KeyedTensor:
         """Look up a checked batch whose ids arrived and send the pooled rows back to their samples."""
@@ -305,9 +318,9 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
     def _check_features(self, kjt) -> None:
         check_features(kjt, self._features, self._is_weighted)
 
-    def _check_batch(self, kjt) -> Optional[str]:
-        """This rank's problem with its batch (None if fine): type, features, weights, id range."""
-        return batch_problem(kjt, self._check_features, self._rows)
+    def _check_batch(self, kjt, ids: bool = True) -> Optional[str]:
+        """This rank's problem with its batch (None if fine): type, features, weights, id range (``ids``)."""
+        return batch_problem(kjt, self._check_features, self._rows, ids)
 
     def _raise_everywhere(self, problem: Optional[str], bad_ranks: list) -> None:
         raise_everywhere(problem, bad_ranks, self._topo)

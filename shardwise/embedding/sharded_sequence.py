@@ -41,6 +41,7 @@ class ShardedEmbeddingCollection(ShardedEmbeddingBagCollection):
 
     _prefix = "embeddings"
     _takes_variable_batch = False
+    _local_shortcut = False   # one row per id in the input's order: the sequence output dist
 
     def __init__(self, ec: EmbeddingCollection, plan: dict, topo: MeshTopology, optimizer=None,
                  compile_optimizer: bool = False, gradient_division: bool = True, load_sample_every: int = 4):

@@ -54,7 +54,7 @@ class LookupCounter:
         self._starts = [0]
         for n in self.buckets:
             self._starts.append(self._starts[-1] + n)
-        self._per_keys: dict = {}   # keys -> per-key (rows, buckets, first bucket) tensors
+        self._per_keys: dict = {}   # (keys, checked) -> per-key (rows, buckets, first bucket) tensors
         self.reset()
 
     def reset(self) -> None:
@@ -62,40 +62,54 @@ class LookupCounter:
         self.hist = [self._flat[a:b] for a, b in zip(self._starts, self._starts[1:])]
         self.steps, self.seen = 0, 0
 
-    def sample(self, kjt) -> None:
-        """Count ``kjt`` if it is the first batch since the reset or every ``every``-th after it."""
+    def sample(self, kjt, checked: bool = False) -> None:
+        """Count ``kjt`` if it is the first batch since the reset or every ``every``-th after it
+        (``checked``: every id is known to be inside its table, see :meth:`observe`)."""
         if self.seen % self.every == 0:
-            self.observe(kjt)
+            self.observe(kjt, checked)
         self.seen += 1
 
-    def _key_tensors(self, keys: tuple):
-        if keys not in self._per_keys:
+    def _key_tensors(self, keys: tuple, checked: bool):
+        """(dtype, one size for every key, per-key rows, buckets, first bucket) for ``keys``."""
+        if (keys, checked) not in self._per_keys:
             idx = [self._table_of.get(f) for f in keys]
             rows = [self.tables[i].num_embeddings if i is not None else 0 for i in idx]   # 0: never counted
             nb = [self.buckets[i] if i is not None else 0 for i in idx]
             first = [self._starts[i] if i is not None else 0 for i in idx]
-            self._per_keys[keys] = tuple(torch.tensor(v, dtype=torch.int64, device=self.device)
-                                         for v in (rows, nb, first))
-        return self._per_keys[keys]
+            # checked ids x buckets below 2**31: the arithmetic runs on int32 (CPU divides int32 several
+            # times faster than int64), the same integers; unchecked ids stay int64 (a cast could wrap them)
+            fits = checked and max(rows, default=0) * max(nb, default=0) < 2 ** 31
+            dtype = torch.int32 if fits else torch.int64
+            same = len(set(zip(rows, nb))) == 1
+            self._per_keys[keys, checked] = (dtype, same, *(torch.tensor(v, dtype=dtype, device=self.device)
+                                                            for v in (rows, nb, first)))
+        return self._per_keys[keys, checked]
 
-    def observe(self, kjt) -> None:
-        """Count every id of ``kjt`` (one bincount over all tables' buckets)."""
+    def observe(self, kjt, checked: bool = False) -> None:
+        """Count every id of ``kjt`` (one bincount over all tables' buckets). Out-of-range ids are the
+        forward's to reject (on every rank): counting them here would raise on this rank alone, before
+        the forward's agreement, and leave the others hanging, so they land in one extra bucket that is
+        dropped; ``checked=True`` (the forward checked every id already) skips that test."""
         self.steps += 1
         values = kjt.values()
         n = values.numel()
         if n == 0 or not kjt.keys():
             return
-        rows, nb, first = self._key_tensors(tuple(kjt.keys()))
-        key = torch.repeat_interleave(torch.arange(len(rows), device=self.device),
-                                      torch.tensor(kjt.length_per_key(), device=self.device), output_size=n)
-        ids, rows_v = values.to(self.device, torch.int64), rows.index_select(0, key)
+        dtype, same, rows, nb, first = self._key_tensors(tuple(kjt.keys()), checked)
+        per_key = torch.tensor(kjt.length_per_key(), device=self.device)
+        ids = values.to(self.device, dtype)
         total = self._starts[-1]
-        # out-of-range ids are the forward's to reject (on every rank); counting them here would
-        # raise on this rank alone, before the forward's agreement, and leave the others hanging:
-        # they land in one extra bucket that is dropped
-        ok = (ids >= 0) & (ids < rows_v)
-        bucket = first.index_select(0, key) + ids.clamp(min=0) * nb.index_select(0, key) // rows_v.clamp(min=1)
-        self._flat += torch.bincount(torch.where(ok, bucket, total), minlength=total + 1)[:total]
+        if same:   # one table size and bucket count: only the first bucket differs per key
+            first_v = torch.repeat_interleave(first, per_key, output_size=n)
+            rows_v, nb_v = rows[:1], nb[:1]
+        else:
+            key = torch.repeat_interleave(torch.arange(len(rows), device=self.device), per_key, output_size=n)
+            first_v, rows_v, nb_v = first.index_select(0, key), rows.index_select(0, key), nb.index_select(0, key)
+        scaled = (ids if checked else ids.clamp(min=0)) * nb_v
+        bucket = first_v.add_(torch.div(scaled, rows_v.clamp(min=1), rounding_mode="floor"))
+        if not checked:
+            bucket = torch.where((ids >= 0) & (ids < rows_v), bucket, total)
+        self._flat += torch.bincount(bucket, minlength=total + 1)[:total]
 
     def hook(self, module, args) -> None:
         """forward pre-hook: count the batch the module is about to look up (anything but a

@@ -110,6 +110,7 @@ class PendingInput:
         self.batch = kjt.stride() if problem is None else 0
         self.sizes = self.bad_ranks = None
         self.vbe = None   # a VBE batch's VariableBatch (the module expands its output rows)
+        self.local_lookup = None   # a LocalLookup (local.py): looked up where it sits, nothing routed
         self._advanced, self._claimed = agreed is not None, False
         if agreed is not None:   # no group exchanges ids: sizes and flags came with an all-gather
             self.sizes = [b for b, _ in agreed]

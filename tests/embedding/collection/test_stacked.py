@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from shardwise.embedding import EmbeddingBagConfig
+from shardwise.embedding.collection import stacked
 from shardwise.embedding.collection.stacked import StackedTables
 from shardwise.embedding.optim.rules import resolve_optimizer
 from shardwise.sparse import KeyedJaggedTensor
@@ -53,7 +54,10 @@ def _ref_forward(bags, kjt, features):
 
 @pytest.mark.parametrize("keys", [["fa", "fb", "fb2", "fc", "fd"], ["fd", "fc", "fa", "fb2"]],
                          ids=["config_order", "permuted_and_missing"])
-def test_lookup_and_sgd_match_nn_embedding_bag(keys):
+@pytest.mark.parametrize("loop", [False, True], ids=["shift_tensor", "shift_per_key"])
+def test_lookup_and_sgd_match_nn_embedding_bag(keys, loop, monkeypatch):
+    # loop: the ids of each key shifted to their base row by one add per key (long runs of ids per key)
+    monkeypatch.setattr(stacked, "_LOOP_IDS_PER_KEY", 0 if loop else 1 << 30)
     rule, hp = resolve_optimizer(functools.partial(torch.optim.SGD, lr=0.3))
     stack = StackedTables(TABLES, init_seed=0, device="cpu", rule=rule, hp=hp)
     assert sorted(tuple(b.shape) for b in stack.buffers()) == sorted([(5, 8), (9 + 6, 4), (3, 3)])
