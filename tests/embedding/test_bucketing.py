@@ -14,7 +14,7 @@ import torch
 
 from shardwise.embedding import EmbeddingBagConfig
 from shardwise.embedding.plan.values import row_wise
-from shardwise.embedding.sharding import row_wise as rw
+from shardwise.embedding.sharding.kinds import row_wise as rw
 from shardwise.embedding.sharding.routing import GroupSpec, Routing
 from shardwise.embedding.sharding.stages import InputDist
 from shardwise.sparse import KeyedJaggedTensor
@@ -99,7 +99,8 @@ def test_bucketing_uneven_blocks_equals_sort_path():
 def test_slot_copy_equals_index_path(kind, monkeypatch):
     """Whole-table units (table- and column-wise): the per-slot copy against the gather path."""
     from shardwise.embedding.plan import values as pv
-    from shardwise.embedding.sharding import column_wise as cw, stages, table_wise as tw
+    from shardwise.embedding.sharding import stages
+    from shardwise.embedding.sharding.kinds import column_wise as cw, table_wise as tw
 
     g = torch.Generator().manual_seed(1)
     world = 3

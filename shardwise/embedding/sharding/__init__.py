@@ -1,4 +1,4 @@
-"""One module per sharding type; each supplies a layout and a factory of its three stages.
+"""The sharded collections' machinery: the sharding types (`kinds/`), their stages, routing, stores.
 
 Example:
     >>> from shardwise.embedding import ShardingType
@@ -8,8 +8,8 @@ Example:
 """
 
 from ..plan.values import ShardingType
-from . import column_wise, data_parallel, row_wise, table_row_wise, table_wise
-from .base import LayoutTopology, ShardingKind, Stages
+from .kinds import column_wise, data_parallel, row_wise, table_row_wise, table_wise
+from .kinds.base import LayoutTopology, ShardingKind, Stages
 
 SHARDERS: dict = {
     ShardingType.DATA_PARALLEL: data_parallel.SHARDER,

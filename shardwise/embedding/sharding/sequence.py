@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .base import Stages
+from .kinds.base import Stages
 from .comm import AllToAll
 from .routing import Routing
 from .stages import InputDist, Routed

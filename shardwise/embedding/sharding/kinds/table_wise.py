@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..plan.values import ShardBox, table_wise
-from .stages import AllToAllOutputDist, GroupedLookup, InputDist
+from ...plan.values import ShardBox, table_wise
+from ..stages import AllToAllOutputDist, GroupedLookup, InputDist
 from .base import ShardingKind, Stages, check_rank
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from ..plan.values import LayoutTopology, ShardBox, chunk_sizes  # noqa: F401  (LayoutTopology re-exported)
+from ...plan.values import LayoutTopology, ShardBox, chunk_sizes  # noqa: F401  (LayoutTopology re-exported)
 
 __all__ = ["ShardingKind", "Stages", "LayoutTopology", "check_rank", "row_blocks"]
 

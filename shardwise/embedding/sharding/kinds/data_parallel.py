@@ -3,8 +3,8 @@ the touched rows' gradients so every replica applies the same update."""
 
 from __future__ import annotations
 
-from ..plan.values import ShardBox, data_parallel
-from .stages import GroupedLookup, InputDist, LocalOutputDist
+from ...plan.values import ShardBox, data_parallel
+from ..stages import GroupedLookup, InputDist, LocalOutputDist
 from .base import ShardingKind, Stages
 
 

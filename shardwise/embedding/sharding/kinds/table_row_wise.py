@@ -7,9 +7,9 @@ from typing import Optional
 
 import torch
 
-from .comm import AllToAll
-from ..plan.values import table_row_wise
-from .stages import AllToAllOutputDist, GroupedLookup, InputDist, Routed, _blocks, _send_buffer
+from ..comm import AllToAll
+from ...plan.values import table_row_wise
+from ..stages import AllToAllOutputDist, GroupedLookup, InputDist, Routed, _blocks, _send_buffer
 from .base import ShardingKind, Stages, row_blocks
 
 

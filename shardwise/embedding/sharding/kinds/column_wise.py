@@ -3,8 +3,8 @@ pooled column blocks come back with one all-to-all, landing side by side."""
 
 from __future__ import annotations
 
-from ..plan.values import ShardBox, chunk_sizes, column_wise
-from .stages import AllToAllOutputDist, GroupedLookup, InputDist
+from ...plan.values import ShardBox, chunk_sizes, column_wise
+from ..stages import AllToAllOutputDist, GroupedLookup, InputDist
 from .base import ShardingKind, Stages, check_rank
 
 

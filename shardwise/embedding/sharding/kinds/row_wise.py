@@ -3,8 +3,8 @@ partial sum and the partials are reduce-scattered (NCCL) or all-to-all'ed and ad
 
 from __future__ import annotations
 
-from ..plan.values import row_wise
-from .stages import GroupedLookup, InputDist, ReduceScatterOutputDist
+from ...plan.values import row_wise
+from ..stages import GroupedLookup, InputDist, ReduceScatterOutputDist
 from .base import ShardingKind, Stages, check_rank, row_blocks
 
 
