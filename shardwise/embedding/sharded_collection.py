@@ -397,5 +397,4 @@ class ShardedEmbeddingBagCollection(TorchRecShardedAPI, nn.Module):
         return missing, unexpected
 
 
-# shard() is this module's entry point; it lives in shard_api.py (kept here for imports and examples)
-from .shard_api import shard, shard_resolved  # noqa: E402
+from .shard_api import shard, shard_resolved  # noqa: E402  (the entry point lives in shard_api.py; kept here for imports)
