@@ -137,8 +137,8 @@ def _calibration(path: str) -> dict:
     from ..embedding.plan.calibration import Calibration
 
     try:
-        cal = Calibration.from_json(Path(path).read_text())
         raw = json.loads(Path(path).read_text())
+        cal = Calibration.from_json(raw)
         if "source" not in raw.get("calibration", raw):   # say where figures without a source came from
             cal = dataclasses.replace(cal, source=f"read from {path}")
         return cal.to_json()

@@ -30,6 +30,7 @@ from typing import Optional
 
 import torch
 
+from .native_rows import native_occurrence_sgd
 from .row_update import COMPILE_MIN_ELEMENTS, compiles_on_scratch
 
 __all__ = ["OccurrenceSGD", "bag_of_occurrences"]
@@ -100,8 +101,6 @@ class OccurrenceSGD:
 
     def _native(self):
         if self.native is False:
-            from .native_rows import native_occurrence_sgd
-
             self.native = native_occurrence_sgd()
         return self.native
 

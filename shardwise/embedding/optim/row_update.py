@@ -35,6 +35,8 @@ from typing import Callable, Optional
 
 import torch
 
+from . import native_rows
+
 __all__ = ["RowUpdate", "store_compiles", "compiles_on_scratch", "COMPILE_MIN_ELEMENTS", "BLOCK_ELEMENTS", "STORE_COMPILE_MIN_ELEMENTS"]
 
 COMPILE_MIN_ELEMENTS = 32 * 1024    # rows x width of one call from which the compiled kernel runs
@@ -93,10 +95,8 @@ class RowUpdate:
         thread, CPU float32 contiguous tensors; see optim/native_rows.py); False if it does not."""
         if self.native_name is None or torch.get_num_threads() != 1:
             return False
-        from .native_rows import native_applies, native_kernel
-
-        kernel = native_kernel(self.native_name)
-        if kernel is None or not native_applies(weight, *buffers, rows, grad, coeffs):
+        kernel = native_rows.native_kernel(self.native_name)
+        if kernel is None or not native_rows.native_applies(weight, *buffers, rows, grad, coeffs):
             return False
         kernel(weight, *buffers, rows, grad, coeffs)
         return True
