@@ -24,7 +24,7 @@ from . import checkpoint as ckpt
 from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, peak_rss_per_rank
 from .sizes import job_tables
-from .data import PerRank, Rows, SyntheticClicks, open_data, to_model_inputs
+from .data import PerRank, Rows, SyntheticClicks, open_data, read_ahead, to_model_inputs
 from .drift import DRIFT_FEATURES, DriftingClicks
 from .dense import make_dense_runner
 from .model import DLRMDense, make_ebc, make_tables
@@ -227,10 +227,10 @@ class Trainer:
 
     def _batches(self):
         """This rank's slice of every remaining step's global batch, in order (the pipeline's data)."""
-        b, cursor = self.cfg.batch_size, self.cursor
-        for _ in range(self.step, self.cfg.steps):
-            yield self._inputs(cursor + self.rank * b, b)
-            cursor += self.world * b
+        b, per_step = self.cfg.batch_size, self.world * self.cfg.batch_size
+        first = self.cursor + self.rank * b   # the cursor moves as steps train: read it once, here
+        starts = (first + k * per_step for k in range(self.cfg.steps - self.step))
+        return read_ahead(self._inputs, starts, b)
 
     def _train_batch(self, batch):
         """One training step on ``batch`` (the pipeline started its input dist already)."""
