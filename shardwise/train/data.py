@@ -109,7 +109,10 @@ class SyntheticClicks:
         return out
 
     def batch(self, start: int, count: int) -> ClickLogBatch:
-        """Examples ``start .. start+count-1`` of the endless stream."""
+        """Examples ``start .. start+count-1`` of the endless stream (none when ``count`` is 0)."""
+        if start < 0 or count < 0:
+            raise ValueError(f"batch(start={start}, count={count}): the stream starts at example 0 and a read "
+                             f"holds count >= 0 examples; pass non-negative numbers")
         parts, pos, end = [], start, start + count
         while pos < end:
             b, off = divmod(pos, _SUB_BLOCK)
@@ -117,6 +120,9 @@ class SyntheticClicks:
             blk = self._block(b)
             parts.append((blk.dense[off:off + take], blk.ids[off:off + take], blk.labels[off:off + take]))
             pos += take
+        if not parts:   # an empty read: the arrays' shapes and types, with no rows
+            blk = self._block(start // _SUB_BLOCK)
+            return ClickLogBatch(blk.dense[:0].copy(), blk.ids[:0].copy(), blk.labels[:0].copy())
         return ClickLogBatch(*(np.concatenate(x) for x in zip(*parts)))
 
 

@@ -161,12 +161,11 @@ def test_sub_blocks_equal_the_one_draw_per_use_generator(seed, rows, missing):
     (100000, 512, 256, None),     # the job's batch: one sub-block of the synthetic log
     (300, 100, 300, None),        # across sub-blocks
     (300, 0, 64, [7] * NUM_SPARSE),   # ids beyond the tables fold modulo their size
-    (300, 0, 0, None),            # no examples (the first example's arrays cut to none)
+    (300, 0, 0, None),            # no examples: arrays of no rows
 ])
 def test_model_inputs_equal_the_checked_kjt(rows, start, count, cards):
     data = SyntheticClicks(1, default_cardinalities(rows), missing_rate=0.2)
-    b, cards = data.batch(start, max(count, 1)), cards or data.cards
-    b = ClickLogBatch(b.dense[:count], b.ids[:count], b.labels[:count])
+    b, cards = data.batch(start, count), cards or data.cards
     dense, kjt, y = to_model_inputs(b, cards, torch.device("cpu"))
     folded = np.where(b.ids >= 0, b.ids % np.asarray(cards), -1).T   # key-major, missing = -1
     want = KeyedJaggedTensor(SPARSE_NAMES, torch.from_numpy(folded[folded >= 0]),
@@ -197,3 +196,12 @@ def test_read_ahead_reads_in_order_and_at_most_depth_ahead():
     assert next(batches) == (0, 5) and made == [0, 5, 10, 15]
     assert list(batches) == [(s, 5) for s in range(5, 50, 5)]   # 10 starts: the last read holds two
     assert made == list(range(0, 50, 5))
+
+
+def test_a_read_of_no_examples_is_empty_and_bad_reads_are_refused():
+    b = SyntheticClicks(0, CARDS).batch(700, 0)
+    assert (b.dense.shape, b.ids.shape, b.labels.shape) == ((0, 13), (0, NUM_SPARSE), (0,))
+    assert (b.dense.dtype, b.ids.dtype, b.labels.dtype) == (np.float32, np.int64, np.float32)
+    for start, count in ((-1, 4), (0, -2)):
+        with pytest.raises(ValueError, match="non-negative"):
+            SyntheticClicks(0, CARDS).batch(start, count)
