@@ -15,12 +15,10 @@ job's seeds) into one file that both libraries load.
   step, as in the job), still on the pre-generated batches; a ``+compiled`` suffix (e.g.
   ``planner+ddp+compiled``, not run by default) runs the tables' fused update through ``torch.compile``
   (``compile_optimizer=True``). ``job_default`` marks the variants of the job's default dense mode.
-  ``job_loop`` is the job's own training loop in the same launch (``Trainer._train``, the job's plan and
-  dense mode): its batches drawn from the synthetic log as it goes, its per-step record and its log
-  steps, no checkpoints or reshard; the summary pairs it with the pipelined library step
-  (``ratio_job_loop/library_step_pipelined``), free of the launch-to-launch spread of the CLI run.
-  The pre-generated batches are many (``--batches``, 256 steps): cycling 16 kept the rows they touch
-  warm in the caches and made both libraries' steps ~9% faster than on fresh batches.
+  ``job_loop``: the job's own loop in this launch (``Trainer._train``: batches drawn as it goes, its
+  record and log steps; no checkpoints or reshard), paired with the pipelined step in the summary, free
+  of the CLI run's launch-to-launch spread. 256 pre-generated steps (``--batches``): cycling 16 kept the
+  rows they touch warm in the caches, both libraries' steps ~9% faster than on fresh batches.
 - TorchRec: ``DistributedModelParallel`` with its own planner, the dense part under its DDP, the
   tables' Adagrad fused in backward; a plain loop and ``TrainPipelineSparseDist``.
 - ``shardwise train`` itself, launched the way users run it (the CLI, with its defaults: data generated
@@ -152,33 +150,29 @@ def _shardwise_trainer(variant: str, blob: dict, batches: list, tmp: str, plan_j
 def _job_loop(tr):
     """The job's training loop (``Trainer._train``: its data drawn as it goes, read ahead, its pipeline,
     its per-step record and log steps) in this launch; ``step.block(n)`` runs ``n`` steps in one call of
-    the loop, as the job does (one step per call would make every step the loop's last one)."""
+    the loop, as the job does, the run going on past them."""
     from shardwise.train.pipeline import TrainPipeline
     from shardwise.train.report import Progress
     from shardwise.train.report.steady import Steady
     from shardwise.train.report.steplog import StepLog
 
-    pipe, batches = TrainPipeline(step=tr._train_batch, sharded=tr.sparse), tr._batches()
+    last = [None]
+
+    def train_batch(batch):   # the job's step, keeping its loss for the loss check
+        out = tr._train_batch(batch)
+        last[0] = out[0]
+        return out
+    pipe, batches = TrainPipeline(step=train_batch, sharded=tr.sparse), tr._batches()
     progress = Progress(tr.cfg.steps, tr.step, enabled=False)
     tr.steady, log = Steady(tr.world * tr.cfg.batch_size), StepLog(tr.history)
     t0 = time.perf_counter()
 
     def block(n: int) -> None:
-        tr.cfg.steps = tr.step + n
-        tr._train(pipe, batches, log, progress, t0, tr.step)   # each block starts the loop's step count
+        tr._train(pipe, batches, log, progress, t0, tr.step, until=tr.step + n)
 
-    def step():   # one step, returning its loss (the global mean the log recorded) as the other variants do
-        block(1)
-        return torch.tensor(tr.history["loss"][-1]), None
+    step = lambda: block(1) or (last[0], None)   # noqa: E731
     step.block, step.drain = block, pipe.drain
     return step
-
-
-def _job_step(tr):
-    """The job's own step (``Trainer._train_batch``) on this rank's slice of the step's global batch,
-    unpipelined: the plain loop, as TorchRec's plain loop is timed."""
-    b = tr.cfg.batch_size
-    return tr._train_batch(tr._inputs(tr.cursor + tr.rank * b, b))
 
 
 def _stepper(variant: str, tr):
@@ -302,9 +296,7 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--batch", type=int, default=256, help="per rank (the job's default)")
-    p.add_argument("--batches", type=int, default=256,
-                   help="pre-generated steps, cycled (few flatter the steps: 16 kept the rows they touch warm in the "
-                        "caches and took ~9%% off both libraries' steps against fresh batches)")
+    p.add_argument("--batches", type=int, default=256, help="pre-generated steps, cycled (few flatter both steps)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--blocks", type=int, default=5, help="timed blocks per variant per round")
     p.add_argument("--inner", type=int, default=20, help="steps per block")

@@ -256,10 +256,10 @@ class Trainer:
         self.elapsed += time.perf_counter() - t0
         return self.finish(seen0)
 
-    def _train(self, pipe, batches, log: StepLog, progress: Progress, t0: float, seen0: int) -> None:
-        cfg = self.cfg
+    def _train(self, pipe, batches, log: StepLog, progress: Progress, t0: float, seen0: int, until=None) -> None:
+        cfg = self.cfg   # ``until``: stop before the run's end (benchmarks run the loop in blocks)
         with progress:
-            while self.step < cfg.steps:
+            while self.step < (cfg.steps if until is None else until):
                 if cfg.drift_at and self.step == cfg.drift_at and self.step > self.window_from:
                     self._close_window("before the drift", progress)
                 # the decision needs a window of measured load on this layout: after a resume or
