@@ -85,3 +85,34 @@ def test_job_loss_curve_and_auc_unchanged_for_a_fixed_seed():
     assert loss == pytest.approx(GOLDEN_LOSS, rel=0, abs=1e-6)
     assert aucs == pytest.approx(GOLDEN_AUC, rel=0, abs=1e-6)
     assert eval_auc == pytest.approx(GOLDEN_EVAL_AUC, rel=0, abs=1e-6)
+
+
+def _loop_in_blocks(rank, world, out):
+    import time
+
+    from shardwise.train.loop import Trainer
+    from shardwise.train.pipeline import TrainPipeline
+    from shardwise.train.report import Progress
+    from shardwise.train.report.steady import Steady
+    from shardwise.train.report.steplog import StepLog
+
+    whole = Trainer(_cfg(out + "/whole", checkpoint_every=0), worker_mesh((world,)))
+    whole.run()
+    parts = Trainer(_cfg(out + "/parts", checkpoint_every=0), worker_mesh((world,)))
+    parts.plan = whole.plan
+    parts._build(None)
+    pipe, batches = TrainPipeline(step=parts._train_batch, sharded=parts.sparse), parts._batches()
+    log, progress = StepLog(parts.history), Progress(parts.cfg.steps, 0, enabled=False)
+    parts.steady = Steady(world * parts.cfg.batch_size)
+    stops = []
+    for until in (7, 16, 24):   # the loop run in blocks, as benchmarks/dlrm.py's job_loop runs it
+        parts._train(pipe, batches, log, progress, time.perf_counter(), parts.step, until=until)
+        stops.append(parts.step)
+    return stops, whole.history, parts.history
+
+
+def test_the_loop_run_in_blocks_trains_and_logs_as_one_run():
+    for stops, whole, parts in run_on_ranks(_loop_in_blocks, 2, tempfile.mkdtemp(prefix="job-blocks-"), timeout=300):
+        assert stops == [7, 16, 24]
+        for key in ("step", "loss", "auc_step", "auc"):
+            assert parts[key] == whole[key], key
