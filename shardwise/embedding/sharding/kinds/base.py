@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...plan.values import LayoutTopology, ShardBox, chunk_sizes  # noqa: F401  (LayoutTopology re-exported)
+from ..stages import GroupedLookup, InputDist
 
-__all__ = ["ShardingKind", "Stages", "LayoutTopology", "check_rank", "row_blocks"]
+__all__ = ["ShardingKind", "Stages", "LayoutTopology", "check_rank", "row_blocks", "routed_build"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,16 @@ class ShardingKind:
     sharding_of: Callable
     local_only: bool = False        # routing keeps ids on their own rank (data parallel)
     replicated: bool = False        # every rank holds the whole table; gradients are all-reduced
+
+
+def routed_build(output_dist: Callable, exchange: bool = True) -> Callable:
+    """A kind's ``build``: ids routed by ``InputDist`` (exchanged between ranks unless ``exchange`` is
+    False), looked up by ``GroupedLookup``, pooled rows sent back by ``output_dist(routing, topology,
+    anchor, dtype)``; the kinds differ only in that last stage."""
+    def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
+        return Stages(InputDist(routing, topo, weighted, exchange=exchange, dtype=dtype), GroupedLookup(store, anchor),
+                      output_dist(routing, topo, anchor, dtype))
+    return build
 
 
 def check_rank(rank: int, table: str, world: int, what: str) -> None:

@@ -4,8 +4,8 @@ pooled column blocks come back with one all-to-all, landing side by side."""
 from __future__ import annotations
 
 from ...plan.values import ShardBox, chunk_sizes, column_wise
-from ..stages import AllToAllOutputDist, GroupedLookup, InputDist
-from .base import ShardingKind, Stages, check_rank
+from ..stages import AllToAllOutputDist
+from .base import ShardingKind, check_rank, routed_build
 
 
 def layout(table, ps, topo) -> list[ShardBox]:
@@ -18,12 +18,8 @@ def layout(table, ps, topo) -> list[ShardBox]:
             for r, (off, size) in zip(ps.ranks, chunk_sizes(table.embedding_dim, len(ps.ranks)))]
 
 
-def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
-                  AllToAllOutputDist(routing, topo, anchor, dtype))
-
 def sharding_of(boxes, topo):
     return column_wise(tuple(b.rank for b in boxes))
 
 
-SHARDER = ShardingKind(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, routed_build(AllToAllOutputDist), sharding_of)

@@ -4,8 +4,8 @@ the touched rows' gradients so every replica applies the same update."""
 from __future__ import annotations
 
 from ...plan.values import ShardBox, data_parallel
-from ..stages import GroupedLookup, InputDist, LocalOutputDist
-from .base import ShardingKind, Stages
+from ..stages import LocalOutputDist
+from .base import ShardingKind, routed_build
 
 
 def layout(table, ps, topo) -> list[ShardBox]:
@@ -13,13 +13,9 @@ def layout(table, ps, topo) -> list[ShardBox]:
             for r in range(topo.world_size)]
 
 
-def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted, exchange=False, dtype=dtype),
-                  GroupedLookup(store, anchor),
-                  LocalOutputDist(routing, topo, anchor, dtype))
-
 def sharding_of(boxes, topo):
     return data_parallel()
 
 
-SHARDER = ShardingKind(layout, build, sharding_of, local_only=True, replicated=True)
+SHARDER = ShardingKind(layout, routed_build(LocalOutputDist, exchange=False), sharding_of, local_only=True,
+                       replicated=True)

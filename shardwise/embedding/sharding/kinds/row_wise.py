@@ -4,8 +4,8 @@ partial sum and the partials are reduce-scattered (NCCL) or all-to-all'ed and ad
 from __future__ import annotations
 
 from ...plan.values import row_wise
-from ..stages import GroupedLookup, InputDist, ReduceScatterOutputDist
-from .base import ShardingKind, Stages, check_rank, row_blocks
+from ..stages import ReduceScatterOutputDist
+from .base import ShardingKind, check_rank, row_blocks, routed_build
 
 
 def layout(table, ps, topo):
@@ -15,12 +15,8 @@ def layout(table, ps, topo):
     return row_blocks(table, ranks)
 
 
-def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
-                  ReduceScatterOutputDist(routing, topo, anchor, dtype))
-
 def sharding_of(boxes, topo):
     return row_wise(tuple(b.rank for b in boxes))
 
 
-SHARDER = ShardingKind(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, routed_build(ReduceScatterOutputDist), sharding_of)

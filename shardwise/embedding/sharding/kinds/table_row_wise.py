@@ -9,8 +9,8 @@ import torch
 
 from ..comm import AllToAll
 from ...plan.values import table_row_wise
-from ..stages import AllToAllOutputDist, GroupedLookup, InputDist, Routed, _blocks, _send_buffer
-from .base import ShardingKind, Stages, row_blocks
+from ..stages import AllToAllOutputDist, Routed, _blocks, _send_buffer
+from .base import ShardingKind, row_blocks, routed_build
 
 
 def layout(table, ps, topo):
@@ -68,12 +68,8 @@ class TwoLevelOutputDist(AllToAllOutputDist):
         return blocks
 
 
-def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
-                  TwoLevelOutputDist(routing, topo, anchor, dtype))
-
 def sharding_of(boxes, topo):
     return table_row_wise(list(topo.hosts).index(tuple(b.rank for b in boxes)))
 
 
-SHARDER = ShardingKind(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, routed_build(TwoLevelOutputDist), sharding_of)

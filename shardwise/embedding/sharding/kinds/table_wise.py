@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ...plan.values import ShardBox, table_wise
-from ..stages import AllToAllOutputDist, GroupedLookup, InputDist
-from .base import ShardingKind, Stages, check_rank
+from ..stages import AllToAllOutputDist
+from .base import ShardingKind, check_rank, routed_build
 
 
 def layout(table, ps, topo) -> list[ShardBox]:
@@ -14,12 +14,8 @@ def layout(table, ps, topo) -> list[ShardBox]:
     return [ShardBox(table.name, ps.ranks[0], 0, table.num_embeddings, 0, table.embedding_dim)]
 
 
-def build(routing, topo, store, anchor, weighted, dtype) -> Stages:
-    return Stages(InputDist(routing, topo, weighted, dtype=dtype), GroupedLookup(store, anchor),
-                  AllToAllOutputDist(routing, topo, anchor, dtype))
-
 def sharding_of(boxes, topo):
     return table_wise(boxes[0].rank)
 
 
-SHARDER = ShardingKind(layout, build, sharding_of)
+SHARDER = ShardingKind(layout, routed_build(AllToAllOutputDist), sharding_of)
