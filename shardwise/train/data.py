@@ -121,8 +121,8 @@ class SyntheticClicks:
             parts.append((blk.dense[off:off + take], blk.ids[off:off + take], blk.labels[off:off + take]))
             pos += take
         if not parts:   # an empty read: the arrays' shapes and types, with no rows
-            blk = self._block(start // _SUB_BLOCK)
-            return ClickLogBatch(blk.dense[:0].copy(), blk.ids[:0].copy(), blk.labels[:0].copy())
+            return ClickLogBatch(np.zeros((0, NUM_DENSE), np.float32), np.zeros((0, NUM_SPARSE), np.int64),
+                                 np.zeros(0, np.float32))
         return ClickLogBatch(*(np.concatenate(x) for x in zip(*parts)))
 
 
@@ -272,13 +272,12 @@ def to_model_inputs(batch: ClickLogBatch, cardinalities: Sequence[int], device) 
     """
     dense = torch.from_numpy(np.log1p(batch.dense)).to(device)
     # key-major layout (all bags of C1 for the batch, then C2, ...), one loop (native_clicks)
-    values, lengths, offsets, per_key = bag_parts(batch.ids, np.asarray(cardinalities, dtype=np.int64))
+    values, lengths, offsets, per_key = bag_parts(batch.ids, cardinalities)
     # every part is consistent by construction (one bag per example and feature, its id or nothing),
     # so the KJT skips the constructor's checks: this runs on every rank at every step
     to = lambda a: torch.from_numpy(a).to(device)   # noqa: E731
-    counts = per_key.tolist()
-    kjt = KeyedJaggedTensor._from_consistent_parts(list(SPARSE_NAMES), to(values), to(lengths), to(offsets), counts,
-                                                   [0] + np.cumsum(counts).tolist())
+    kjt = KeyedJaggedTensor._from_consistent_parts(list(SPARSE_NAMES), to(values), to(lengths), to(offsets),
+                                                   per_key.tolist(), [0] + np.cumsum(per_key).tolist())
     return dense, kjt, torch.from_numpy(batch.labels).to(device)
 
 

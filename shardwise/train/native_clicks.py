@@ -129,8 +129,8 @@ def draw_sub_block(rng: np.random.Generator, n: int, mu: np.ndarray, log_cards1:
     return dense, ids, loops["labels"](logit, ids, flat_effects, effect_offsets, u)
 
 
-def bag_parts(ids: np.ndarray, cards: np.ndarray) -> tuple:
+def bag_parts(ids: np.ndarray, cards) -> tuple:
     """The bags of ``ids`` [n, features] (missing = -1), key-major, one id or none per bag: ``(values,
     lengths [features * n], offsets [features * n + 1], values per feature)``; ids at or beyond their
-    table's size ``cards[f]`` fold modulo it."""
+    table's size ``cards[f]`` (a sequence of ints) fold modulo it."""
     return _compiled()["bags"](np.ascontiguousarray(ids, dtype=np.int64), np.ascontiguousarray(cards, dtype=np.int64))
