@@ -23,7 +23,7 @@ import torch
 from ..data.criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch
 from ..data.criteo import parse_line as _parse_line
 from ..sparse import KeyedJaggedTensor
-from .native_clicks import bag_parts, draw_sub_block
+from .native_clicks import bag_parts, draw_sub_block, seed_words
 
 __all__ = [
     "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "ClickLogBatch", "SyntheticClicks", "CriteoTSV",
@@ -81,6 +81,7 @@ class SyntheticClicks:
         self._cards_f = np.asarray(self.cards, dtype=np.float64)
         self._log_cards1 = np.log(self._cards_f + 1.0)
         self._last_row = self._cards_f - 1
+        self._seed_prefix = seed_words(self.seed, 0x5EED, _SUB_BLOCK)
 
     def flat_effects(self) -> tuple:
         """(every table's hidden effects end to end, each after one 0.0; where each table starts)."""
@@ -96,11 +97,11 @@ class SyntheticClicks:
         the same examples."""
         if index in self._cache:
             return self._cache[index]
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 0x5EED, _SUB_BLOCK, index]))
-        # one loop over the generator's draws (native_clicks): the numbers a numpy draw per use gave,
-        # in the same order, transformed by the same arithmetic (this runs on every rank at every step)
+        # the generator of SeedSequence([seed, 0x5EED, 256, index]) seeded and drawn in one loop
+        # (native_clicks): the numbers a numpy draw per use gave, in the same order, transformed by the
+        # same arithmetic (this runs on every rank at every step)
         flat, offsets = self.flat_effects()
-        dense, ids, labels = draw_sub_block(rng, _SUB_BLOCK, self.dense_mu, self._log_cards1, self._last_row,
+        dense, ids, labels = draw_sub_block(self._seed_prefix, index, _SUB_BLOCK, self.dense_mu, self._log_cards1, self._last_row,
                                             self.missing_rate, self.bias, self.dense_w, flat, offsets)
         out = ClickLogBatch(dense, ids, labels)
         if len(self._cache) >= _CACHED_SUB_BLOCKS:

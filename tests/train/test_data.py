@@ -146,15 +146,41 @@ def _block_reference(data, index):
     return dense, ids, (rng.random(256) < 1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
 
 
-@pytest.mark.parametrize("seed, rows, missing", [(0, 100000, 0.01), (5, 300, 0.3)])
+@pytest.mark.parametrize("seed, rows, missing", [(0, 100000, 0.01), (5, 300, 0.3), ((1 << 40) + 3, 300, 0.01)])
 def test_sub_blocks_equal_the_one_draw_per_use_generator(seed, rows, missing):
     # many sub-blocks: the native loop's exp (libm's) and numpy's vectorised one may differ in the last
-    # bit, which the floors hide unless a value lands on an integer; labels compare sums and exps too
+    # bit, which the floors hide unless a value lands on an integer; labels compare sums and exps too.
+    # A seed or index of 2**32 or more is two words of the SeedSequence's entropy.
     data = SyntheticClicks(seed, default_cardinalities(rows), missing_rate=missing)
-    for index in [*range(200), 4095, 1 << 20]:
+    for index in [*range(200), 4095, 1 << 20, (1 << 33) + 5]:
         got, want = data._block(index), _block_reference(data, index)
         for g, w in zip((got.dense, got.ids, got.labels), want):
             assert g.dtype == w.dtype and np.array_equal(g, w)
+
+
+def test_the_inline_generator_is_numpys_pcg64_and_its_fallback_draws_the_same(monkeypatch):
+    from numba.np.random import _constants
+
+    from shardwise.train import native_clicks, native_pcg64
+
+    rs = np.random.default_rng(7)
+    for ints in [(0, 0), (1 << 64, 3), *(tuple(int(v) for v in rs.integers(0, 1 << 62, 3)) for _ in range(50))]:
+        state = native_pcg64.seeded(native_clicks.seed_words(*ints[:-1]), ints[-1])
+        want = np.random.PCG64(np.random.SeedSequence(list(ints))).state["state"]
+        assert (want["state"], want["inc"]) == (int(state[0]) << 64 | int(state[1]), int(state[2]) << 64 | int(state[3]))
+    # the probe refuses tables that are not NumPy's, and the draw then takes NumPy's Generator
+    assert native_clicks._ziggurat_tables() is not None
+    wrong = _constants.wi_double.copy()
+    wrong[1:] *= 1.0 + 2 ** -50
+    monkeypatch.setattr(_constants, "wi_double", wrong)
+    assert native_clicks._ziggurat_tables.__wrapped__() is None
+    monkeypatch.setattr(native_clicks, "_ziggurat_tables", lambda: None)
+    fallback = SyntheticClicks(3, CARDS)
+    for index in (0, 9):
+        got, want = fallback._block(index), _block_reference(fallback, index)
+        assert all(np.array_equal(g, w) for g, w in zip((got.dense, got.ids, got.labels), want))
+    with pytest.raises(ValueError, match="non-negative"):
+        SyntheticClicks(-1, CARDS)
 
 
 @pytest.mark.parametrize("rows, start, count, cards", [
