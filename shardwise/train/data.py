@@ -101,8 +101,8 @@ class SyntheticClicks:
         # (native_clicks): the numbers a numpy draw per use gave, in the same order, transformed by the
         # same arithmetic (this runs on every rank at every step)
         flat, offsets = self.flat_effects()
-        dense, ids, labels = draw_sub_block(self._seed_prefix, index, _SUB_BLOCK, self.dense_mu, self._log_cards1, self._last_row,
-                                            self.missing_rate, self.bias, self.dense_w, flat, offsets)
+        dense, ids, labels = draw_sub_block(self._seed_prefix, index, _SUB_BLOCK, self.dense_mu, self._log_cards1,
+                                            self._last_row, self.missing_rate, self.bias, self.dense_w, flat, offsets)
         out = ClickLogBatch(dense, ids, labels)
         if len(self._cache) >= _CACHED_SUB_BLOCKS:
             self._cache.pop(next(iter(self._cache)))
