@@ -7,8 +7,10 @@ instead of leaving the others waiting in a collective.
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -34,21 +36,52 @@ def batch_problem(kjt: KeyedJaggedTensor, check_features: Callable, rows: dict, 
     keys, per_key = kjt.keys(), kjt.length_per_key()
     if not keys or kjt.values().numel() == 0:
         return None
-    limits = [rows[k] for k in keys]
+    i = _first_out_of_range(kjt.values(), per_key, [rows[k] for k in keys])
+    if i < 0:
+        return None
+    key = keys[next(k for k, end in enumerate(kjt.offset_per_key()[1:]) if i < end)]
+    return (f"ValueError: id {int(kjt.values()[i])} of feature {key!r} is outside its table's rows "
+            f"[0, {rows[key]}); fix the id or enlarge num_embeddings")
+
+
+def _first_out_of_range(values: torch.Tensor, per_key: list, limits: list) -> int:
+    """Where the first id outside [0, its key's limit) is in ``values`` (keys' ids one after the other,
+    ``per_key`` of them each), or -1. On CPU one numba pass (this runs on every rank at every step: as
+    four tensor ops it cost ~50 µs of a 256-example DLRM batch, in one loop ~5 µs)."""
+    scan = _range_scan() if values.device.type == "cpu" else None
+    if scan is not None:
+        return int(scan(values.numpy(), np.asarray(per_key, dtype=np.int64), np.asarray(limits, dtype=np.int64)))
     if len(set(limits)) == 1:   # one bound for every id: one pass (min and max), the detail only if bad
-        low, high = torch.aminmax(kjt.values())
+        low, high = torch.aminmax(values)
         if 0 <= int(low) and int(high) < limits[0]:
-            return None
-    limit = torch.tensor(limits, device=kjt.values().device)
-    limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device),
-                                    output_size=kjt.values().numel())
-    bad = (kjt.values() < 0) | (kjt.values() >= limit)
-    if bool(bad.any()):
-        i = int(torch.nonzero(bad)[0])
-        key = keys[next(k for k, end in enumerate(kjt.offset_per_key()[1:]) if i < end)]
-        return (f"ValueError: id {int(kjt.values()[i])} of feature {key!r} is outside its table's rows "
-                f"[0, {rows[key]}); fix the id or enlarge num_embeddings")
-    return None
+            return -1
+    limit = torch.tensor(limits, device=values.device)
+    limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device), output_size=values.numel())
+    bad = (values < 0) | (values >= limit)
+    return int(torch.nonzero(bad)[0]) if bool(bad.any()) else -1
+
+
+@functools.lru_cache(maxsize=1)
+def _range_scan() -> Optional[Callable]:
+    """The numba loop of :func:`_first_out_of_range` (compiled at its first call, cached on disk by
+    numba), or None without numba."""
+    try:
+        import numba
+    except ImportError:
+        return None
+
+    @numba.njit(cache=True, nogil=True)
+    def scan(values, per_key, limits):
+        at = 0
+        for k in range(per_key.shape[0]):
+            limit = limits[k]
+            for i in range(at, at + per_key[k]):
+                if values[i] < 0 or values[i] >= limit:
+                    return i
+            at += per_key[k]
+        return -1
+
+    return scan
 
 
 def raise_everywhere(problem: Optional[str], bad_ranks: list, topo: MeshTopology) -> None:

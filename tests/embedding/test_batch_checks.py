@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from shardwise.embedding import batch_checks
 from shardwise.embedding.batch_checks import batch_problem
 from shardwise.sparse import KeyedJaggedTensor
 
@@ -28,7 +29,12 @@ def _first_bad(keys, values, lengths, rows):
 
 @pytest.mark.parametrize("rows", [{"a": 5, "b": 5, "c": 5}, {"a": 5, "b": 9, "c": 3}])   # one bound / per key
 @pytest.mark.parametrize("bad", [None, ("b", 9), ("c", -1), ("a", 5)])
-def test_id_range_check_matches_the_rule_per_id(rows, bad):
+@pytest.mark.parametrize("scan", ["numba", "tensor ops"])   # CPU ids take the numba loop, others tensor ops
+def test_id_range_check_matches_the_rule_per_id(rows, bad, scan, monkeypatch):
+    if scan == "tensor ops":
+        monkeypatch.setattr(batch_checks, "_range_scan", lambda: None)
+    else:
+        assert batch_checks._range_scan() is not None
     keys = ["a", "b", "c"]
     g = torch.Generator().manual_seed(0)
     lengths = torch.tensor([2, 1, 0, 3, 2, 1])
