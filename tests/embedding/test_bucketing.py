@@ -95,12 +95,18 @@ def test_bucketing_uneven_blocks_equals_sort_path():
         _same(fast, ind.route(kjt))
 
 
+@pytest.mark.parametrize("copy", ["numba", "slices"])   # CPU int64 ids: one numba loop; else a copy per slot
 @pytest.mark.parametrize("kind", ["table_wise", "column_wise"])
-def test_slot_copy_equals_index_path(kind, monkeypatch):
+def test_slot_copy_equals_index_path(kind, copy, monkeypatch):
     """Whole-table units (table- and column-wise): the per-slot copy against the gather path."""
     from shardwise.embedding.plan import values as pv
     from shardwise.embedding.sharding import stages
     from shardwise.embedding.sharding.kinds import column_wise as cw, table_wise as tw
+
+    if copy == "slices":
+        monkeypatch.setattr(stages, "_shifted_copy", lambda: None)
+    else:
+        assert stages._shifted_copy() is not None
 
     g = torch.Generator().manual_seed(1)
     world = 3
@@ -115,6 +121,47 @@ def test_slot_copy_equals_index_path(kind, monkeypatch):
             ind = InputDist(Routing(GroupSpec(cfgs, boxes, {}, 0), world), topo, weighted)
             kjt = _batch(cfgs, 5, weighted, g)
             fast = ind.route(kjt)
-            monkeypatch.setattr(stages, "_SLOT_LOOP", -1)
-            _same(fast, ind.route(kjt))
-            monkeypatch.undo()
+            with monkeypatch.context() as m:
+                m.setattr(stages, "_SLOT_LOOP", -1)
+                _same(fast, ind.route(kjt))
+
+
+def _keyed(kjt, keys):
+    """``kjt``'s features in the order ``keys`` (features not in ``kjt``: empty bags)."""
+    batch, have = kjt.stride(), kjt.keys()
+    vals, lens, wts = [], [], []
+    for k in keys:
+        if k in have:
+            i = have.index(k)
+            lo, hi = kjt.offset_per_key()[i], kjt.offset_per_key()[i + 1]
+            vals.append(kjt.values()[lo:hi])
+            lens.append(kjt.lengths()[i * batch:(i + 1) * batch])
+            wts.append(kjt.weights()[lo:hi] if kjt.weights_or_none() is not None else None)
+        else:
+            vals.append(torch.zeros(0, dtype=torch.int64))
+            lens.append(torch.zeros(batch, dtype=torch.int64))
+            wts.append(torch.zeros(0) if kjt.weights_or_none() is not None else None)
+    weights = None if wts[0] is None else torch.cat(wts)
+    return KeyedJaggedTensor(keys, torch.cat(vals), weights=weights, lengths=torch.cat(lens))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_a_batch_holding_the_groups_features_in_a_row_routes_as_any_other_order(weighted):
+    """The group's features in its order, alone or between other groups' features, are read as views
+    of the batch; any other order (or a missing feature) as a copy per feature: the same ids sent."""
+    from shardwise.embedding.plan import values as pv
+    from shardwise.embedding.sharding.kinds import table_wise as tw
+
+    g = torch.Generator().manual_seed(2)
+    cfgs = [EmbeddingBagConfig(num_embeddings=20 + i, embedding_dim=6, name=f"t{i}", feature_names=[f"f{i}", f"g{i}"])
+            for i in range(3)]
+    topo = types.SimpleNamespace(device=torch.device("cpu"), rank=0, world_size=2)
+    boxes = [b for i, c in enumerate(cfgs) for b in tw.SHARDER.layout(c, pv.table_wise(i % 2), topo)]
+    ind = InputDist(Routing(GroupSpec(cfgs, boxes, {}, 0), 2), topo, weighted)
+    kjt = _batch(cfgs, 4, weighted, g)
+    mine = kjt.keys()
+    want = ind.route(_keyed(kjt, mine[::-1]))       # reversed: the copy per feature
+    for keys in (mine, ["x"] + mine, mine + ["y", "z"], ["x"] + mine + ["y"]):
+        _same(ind.route(_keyed(kjt, keys)), want)
+    partial = ind.route(_keyed(kjt, mine[:-1]))      # the last feature absent: empty bags
+    _same(partial, ind.route(_keyed(kjt, mine[:-1][::-1])))

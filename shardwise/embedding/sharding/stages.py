@@ -7,8 +7,9 @@ output dist: return pooled blocks to the ranks that own the samples and add them
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -56,13 +57,17 @@ class InputDist:
             torch.tensor(self.slots_per_dest, device=topo.device))
         self.range_starts = [torch.tensor(s, dtype=torch.int64, device=topo.device) for s in routing.range_starts]
         self.shifts = self.slot_shift.tolist()
+        self.names = [name for name, _ in routing.features]
         self.bucketing = RowBucketing.build(routing, self.slot_unit.tolist(), self.shifts, topo.device)
 
     def _features(self, kjt: KeyedJaggedTensor):
         """Values, lengths [F*B] and weights of this group's features (absent ones as empty bags)."""
         batch, keys, per_key = kjt.stride(), kjt.keys(), kjt.offset_per_key()
-        vals, lens, wts, counts = [], [], [], []
         kw = kjt.weights_or_none() if self.weighted else None
+        a = keys.index(self.names[0]) if self.names and self.names[0] in keys else -1
+        if a >= 0 and keys[a:a + len(self.names)] == self.names:
+            return self._feature_run(kjt, a, batch, per_key, kw)
+        vals, lens, wts, counts = [], [], [], []
         for name, _ in self.routing.features:
             if name in keys:
                 k = keys.index(name)
@@ -82,6 +87,20 @@ class InputDist:
             weights = torch.cat(wts).to(dev, self.weight_dtype) if wts else \
                 torch.zeros(0, dtype=self.weight_dtype, device=dev)
         return values, torch.cat(lens).to(dev), weights, counts
+
+    def _feature_run(self, kjt: KeyedJaggedTensor, a: int, batch: int, per_key: list, kw):
+        """:meth:`_features` where the batch holds this group's features in a row from key ``a``, in the
+        group's order (one group of every feature, as a plan of one sharding kind makes): views of the
+        batch's tensors instead of a slice and a copy per feature (~0.2 ms of 26 features a step)."""
+        nf, dev = len(self.names), self.topo.device
+        lo, hi = per_key[a], per_key[a + nf]
+        values = kjt.values()[lo:hi].to(dev, torch.int64)
+        lengths = kjt.lengths()[a * batch:(a + nf) * batch].to(dev)
+        weights = None
+        if self.weighted:
+            weights = kw[lo:hi].to(dev, self.weight_dtype) if kw is not None else \
+                torch.zeros(0, dtype=self.weight_dtype, device=dev)
+        return values, lengths, weights, [per_key[a + k + 1] - per_key[a + k] for k in range(nf)]
 
     def _units(self, values, lengths, weights, counts, batch):
         """Sort values by (unit, sample); return (rebased values, weights, unit lengths [U, B], the sort
@@ -122,7 +141,7 @@ class InputDist:
         slot_start = (_exclusive_cumsum(seg)).index_select(0, self.slot_unit)
         total = int(slot_len.sum().item()) if slot_len.numel() else 0
         if not self.keep_positions and len(self.shifts) <= _SLOT_LOOP:
-            send_ids, send_w = self._copy_slots(values, weights, slot_start.tolist(), slot_len.tolist(), total)
+            send_ids, send_w = self._copy_slots(values, weights, slot_start, slot_len, total)
             return send_ids, unit_lengths.index_select(0, self.slot_unit).flatten(), send_w, slot_len, batch, None
         idx = torch.repeat_interleave(slot_start - _exclusive_cumsum(slot_len), slot_len, output_size=total)
         idx = idx + torch.arange(total, device=idx.device)
@@ -133,14 +152,21 @@ class InputDist:
         sent = (idx if order is None else order.index_select(0, idx), slot_len) if self.keep_positions else None
         return send_ids, send_lengths, send_w, slot_len, batch, sent
 
-    def _copy_slots(self, values, weights, starts: list, lens: list, total: int):
+    def _copy_slots(self, values, weights, starts: torch.Tensor, lens: torch.Tensor, total: int):
         """Each slot's ids, shifted to its box's buffer rows, copied into the send buffer: one pass
-        over the ids (the index path makes six)."""
+        over the ids (the index path makes six). On CPU one numba loop (a slice copy per slot cost
+        ~0.2 ms for the 26 slots of a table-wise DLRM step)."""
         send_ids = values.new_empty(total)
         send_w = None if weights is None else weights.new_empty(total)
+        copy = _shifted_copy() if values.device.type == "cpu" and values.dtype == torch.int64 else None
+        if copy is not None:
+            copy(values.numpy(), starts.numpy(), lens.numpy(), self.slot_shift.numpy(), send_ids.numpy())
+            if send_w is None:
+                return send_ids, send_w
         at = 0
-        for s, n, shift in zip(starts, lens, self.shifts):
-            torch.add(values[s:s + n], shift, out=send_ids[at:at + n])
+        for s, n, shift in zip(starts.tolist(), lens.tolist(), self.shifts):
+            if copy is None:
+                torch.add(values[s:s + n], shift, out=send_ids[at:at + n])
             if send_w is not None:
                 send_w[at:at + n] = weights[s:s + n]
             at += n
@@ -175,6 +201,28 @@ class InputDist:
             per_width.append((sel_ids, off, sel_w))
             bags.append([(hi - lo) * b for b in sizes])
         return Routed(per_width, bags)
+
+
+@functools.lru_cache(maxsize=1)
+def _shifted_copy() -> Optional[Callable]:
+    """``copy(values, starts, lens, shifts, out)``: slot j's ``lens[j]`` ids from ``starts[j]``, plus
+    ``shifts[j]``, one slot after the other into ``out`` (numba, cached on disk), or None without
+    numba."""
+    try:
+        import numba
+    except ImportError:
+        return None
+
+    @numba.njit(cache=True, nogil=True)
+    def copy(values, starts, lens, shifts, out):
+        at = 0
+        for j in range(starts.shape[0]):
+            s, n, shift = starts[j], lens[j], shifts[j]
+            for i in range(n):
+                out[at + i] = values[s + i] + shift
+            at += n
+
+    return copy
 
 
 class GroupedLookup:
