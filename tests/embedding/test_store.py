@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from shardwise.embedding.sharding.store import advise_huge_pages, summed_row_gradients
+from shardwise.embedding.sharding import store
+from shardwise.embedding.sharding.store import advise_huge_pages, group_by_row, summed_row_gradients
 
 
 def _dense_sum(ids, offsets, psw, grad, rows):
@@ -19,9 +20,12 @@ def _dense_sum(ids, offsets, psw, grad, rows):
     return touched, dense.index_select(0, touched)
 
 
+@pytest.mark.parametrize("grouping", ["numba", "sort"])   # CPU: one numba radix loop; elsewhere torch.sort
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("num_rows", [1000, 100_000, 2 ** 40])   # int16, int32, int64 sort keys
-def test_summed_row_gradients_matches_dense_scatter(weighted, num_rows):
+def test_summed_row_gradients_matches_dense_scatter(weighted, num_rows, grouping, monkeypatch):
+    if grouping == "sort":
+        monkeypatch.setattr(store, "native_group_by_row", lambda: None)
     g = torch.Generator().manual_seed(7)
     lengths = torch.randint(0, 9, (300,), generator=g)   # empty bags included
     offsets = torch.zeros(301, dtype=torch.int64)
@@ -33,6 +37,28 @@ def test_summed_row_gradients_matches_dense_scatter(weighted, num_rows):
     want_rows, want = _dense_sum(ids, offsets, psw, grad, 1000)
     assert rows.dtype == torch.int64 and torch.equal(rows, want_rows)   # unique, sorted
     torch.testing.assert_close(summed.double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_numba_grouping_is_the_stable_sorts(monkeypatch):
+    """Rows, segments, the bag of each occurrence and the weights in the same order as the stable sort
+    (so the summed gradients are the same bit for bit), for ids of up to 40 bits (four radix digits),
+    empty inputs and offsets that leave ids before the first bag."""
+    g = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        n = int(torch.randint(0, 80, (1,), generator=g))
+        num_rows = int(torch.randint(1, 1 << int(torch.randint(1, 41, (1,), generator=g)), (1,), generator=g))
+        ids = torch.randint(0, num_rows, (n,), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.randint(0, 4, (n + 2,), generator=g).cumsum(0)])
+        offsets = offsets.clamp(max=n)
+        offsets[0], offsets[-1] = int(trial % 3 == 0 and n > 0), n
+        psw = torch.rand(n, generator=g)
+        fast = group_by_row(ids, offsets, psw, num_rows)
+        with monkeypatch.context() as m:
+            m.setattr(store, "native_group_by_row", lambda: None)
+            slow = group_by_row(ids, offsets, psw, num_rows)
+        for a, b in zip(fast, slow):
+            assert a.dtype == b.dtype and torch.equal(a, b), trial
+    assert store.native_group_by_row()(torch.tensor([3, -1]), torch.tensor([0, 2])) is None   # the sort takes them
 
 
 

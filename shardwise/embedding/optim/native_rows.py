@@ -31,7 +31,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-__all__ = ["native_kernel", "native_occurrence_sgd", "native_applies", "NATIVE_RULES"]
+__all__ = ["native_kernel", "native_occurrence_sgd", "native_group_by_row", "native_applies", "NATIVE_RULES"]
 
 NATIVE_RULES = ("sgd", "adagrad", "adam", "adamw")
 
@@ -87,7 +87,53 @@ def _loops(nb) -> dict:
                 for j in range(grad.shape[1]):
                     w[r, j] = w[r, j] + grad[b, j] * s
 
-    return {"sgd": sgd, "adagrad": adagrad, "adam": adam, "occurrences": occurrences}
+    @jit
+    def group(ids, offsets):
+        # a stable LSD radix sort of the ids (11-bit digits: two passes below 2**22 rows), then runs
+        n = ids.shape[0]
+        ends = np.zeros(n + 1, np.int64)   # the bag of each occurrence: bag_of_occurrences' running count
+        for k in range(1, offsets.shape[0] - 1):
+            ends[offsets[k]] += 1
+        bag, top = np.empty(n, np.int64), 0
+        for i in range(n):
+            top += ends[i]
+            bag[i] = top
+        high = 0
+        for i in range(n):
+            if ids[i] < 0:
+                return None
+            high = max(high, ids[i])
+        digits = 1
+        while high >> (11 * digits):
+            digits += 1
+        count = np.zeros((digits, 2049), np.int64)   # every digit's histogram in one pass over the ids
+        for i in range(n):
+            for p in range(digits):
+                count[p, ((ids[i] >> (11 * p)) & 2047) + 1] += 1
+        order, spare = np.empty(n, np.int64), np.empty(n, np.int64)
+        for p in range(digits):
+            for d in range(2048):
+                count[p, d + 1] += count[p, d]
+            for i in range(n):
+                at = i if p == 0 else spare[i]   # the first pass reads the ids in input order
+                d = (ids[at] >> (11 * p)) & 2047
+                order[count[p, d]] = at
+                count[p, d] += 1
+            order, spare = spare, order
+        order = spare   # the last pass's output
+        sorted_bag = np.empty(n, np.int64)
+        rows, seg = np.empty(n, np.int64), np.zeros(n + 1, np.int64)
+        u = 0
+        for i in range(n):
+            r = ids[order[i]]
+            if u == 0 or rows[u - 1] != r:
+                rows[u] = r
+                u += 1
+            seg[u] = i + 1
+            sorted_bag[i] = bag[order[i]]
+        return rows[:u], seg[:u + 1], sorted_bag, order
+
+    return {"sgd": sgd, "adagrad": adagrad, "adam": adam, "occurrences": occurrences, "group": group}
 
 
 @functools.lru_cache(maxsize=1)
@@ -126,6 +172,22 @@ def native_occurrence_sgd() -> Optional[Callable]:
         weights = psw.to(torch.float32).contiguous() if psw is not None else grad.new_empty(0)
         loop(*_np(w, ids.contiguous(), offsets.contiguous(), weights, grad.contiguous()), np.float32(alpha),
              psw is not None)
+    return run
+
+
+def native_group_by_row() -> Optional[Callable]:
+    """``group(ids, offsets)``: ``group_by_row``'s (unique ids ascending, segment offsets, the bag of each
+    occurrence in that order) plus the order itself, from one numba loop (a stable radix sort: the
+    same permutation as the stable sort), or None for negative ids; None without numba. On a DLRM
+    step's ~6,600 ids the stable ``torch.sort`` alone took ~0.24 ms of the update."""
+    loops = _compiled_loops()
+    if loops is None:
+        return None
+    loop = loops["group"]
+
+    def run(ids: torch.Tensor, offsets: torch.Tensor):
+        out = loop(ids.to(torch.int64).contiguous().numpy(), offsets.to(torch.int64).contiguous().numpy())
+        return None if out is None else tuple(torch.from_numpy(a) for a in out)
     return run
 
 
