@@ -157,7 +157,8 @@ def run_shardwise(rank, world, args, blob_path, tmp, plan_json=None):
             plan_json = plan_to_json(trainers[v].plan)
     fns = {v: _stepper(v, tr) for v, tr in trainers.items()}
     losses = {v: [mean_loss(fns[v]()[0]) for _ in range(args.check_steps)] for v in trainers}
-    ms = timed(fns, args.blocks, args.inner, args.warmup)
+    blocks: dict = {}
+    ms = timed(fns, args.blocks, args.inner, args.warmup, blocks)
     for fn in fns.values():
         getattr(fn, "drain", lambda: None)()
     plans = {v: _plan_summary(tr.plan) for v, tr in trainers.items()}
@@ -166,7 +167,7 @@ def run_shardwise(rank, world, args, blob_path, tmp, plan_json=None):
     held = sum(local_bytes(tr.sparse.state_dict()) + local_bytes(tr.sparse.fused_optimizer.state_dict()["state"])
                + local_bytes(tr.dense.state()) for tr in trainers.values())
     held += local_bytes(batches)
-    return {"ms": ms, "losses": losses, "plans": plans, "rss": rss_per_rank(held)}
+    return {"ms": ms, "blocks": blocks, "losses": losses, "plans": plans, "rss": rss_per_rank(held)}
 
 
 def _plan_summary(plan: dict) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import statistics
 import time
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -22,8 +23,9 @@ from _launch import rss_per_rank
 __all__ = ["timed", "mean_loss", "local_bytes", "run_torchrec", "DLRMDense"]
 
 
-def timed(fns: dict, blocks: int, inner: int, warmup: int) -> dict:
-    """ms per step of each fn: ``blocks`` rounds of ``inner`` steps, rotating order, slowest rank."""
+def timed(fns: dict, blocks: int, inner: int, warmup: int, per_block: Optional[dict] = None) -> dict:
+    """ms per step of each fn: ``blocks`` rounds of ``inner`` steps, rotating order, slowest rank (the
+    median over blocks; ``per_block``, where given, receives every block's time per fn)."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -41,6 +43,8 @@ def timed(fns: dict, blocks: int, inner: int, warmup: int) -> dict:
             t = torch.tensor([(time.perf_counter() - t0) / inner * 1e3])
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             out[k].append(float(t))
+    if per_block is not None:
+        per_block.update(out)
     return {k: statistics.median(v) for k, v in out.items()}
 
 

@@ -38,7 +38,10 @@ One round = one launch of each; variants inside a launch run in rotating blocks 
 block time is the slowest rank's. Ratios are medians over rounds of per-round ratios (paired), so
 load from other processes hits both sides alike; the summary pairs the job with its own library step
 (``ratio_shardwise_train/library_step``: the job's default variant, plain; ``.../library_step_pipelined``)
-and with TorchRec's best loop of the same round. Every line carries the machine's load average when it
+and with TorchRec's best loop of the same round. The job's loop in the library's launch is also paired
+block by block (``ratio_job_loop/library_step_pipelined_per_block``, with its quartiles: each job_loop
+block against the pipelined block of the same rotation, over every round), the most pairs the run
+has; a round's median of 5 blocks moves ±5% on its own here. Every line carries the machine's load average when it
 was printed (``load_avg``: 1, 5, 15 minutes). Every process runs with ``THP_MEM_ALLOC_ENABLE=1``, as
 ``shardwise train`` starts its workers (``--thp 0`` for 4 KiB pages everywhere; a value already in the
 environment wins, as it does for the job). ``loss_first_steps`` (global mean loss of the first
@@ -203,7 +206,7 @@ def one_round(args, blob: str, tmp: str, info: dict, shape: dict, i: int) -> dic
                "loss_first_steps": [round(x, 6) for x in theirs["losses"][v]], **theirs["rss"], **shape})
     if job is not None:
         _emit({"bench": "dlrm", "round": i, "impl": "shardwise_train", **job, **shape})
-    return {"ours": ours["ms"], "theirs": theirs["ms"] if theirs else None,
+    return {"ours": ours["ms"], "ours_blocks": ours["blocks"], "theirs": theirs["ms"] if theirs else None,
             "job_ms": None if job is None else job["ms_per_step"], "load": os.getloadavg()[0]}
 
 
@@ -225,6 +228,12 @@ def summary(args, rounds: list, info: dict, shape: dict) -> None:
     if JOB_LOOP in args.variants and pipelined in args.variants:   # the job's loop in the library's launch
         rec["ratio_job_loop/library_step_pipelined"] = _ratio([r["ours"][JOB_LOOP] for r in rounds],
                                                               [r["ours"][pipelined] for r in rounds])
+        # the same, paired block by block (each job_loop block against the pipelined block of the same
+        # rotation, a second or so apart) over every round: many more pairs than rounds
+        pairs = [a / b for r in rounds for a, b in zip(r["ours_blocks"][JOB_LOOP], r["ours_blocks"][pipelined])]
+        q1, mid, q3 = statistics.quantiles(pairs, n=4) if len(pairs) > 1 else pairs * 3
+        rec["ratio_job_loop/library_step_pipelined_per_block"] = round(mid, 3)
+        rec["ratio_job_loop/library_step_pipelined_per_block_quartiles"] = [round(q1, 3), round(q3, 3)]
     paired = [r for r in rounds if r["theirs"]]
     if paired:
         best = [min(r["theirs"].values()) for r in paired]
