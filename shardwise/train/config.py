@@ -66,11 +66,11 @@ class TrainConfig:
     # seconds a collective may wait for a missing rank before every waiting rank fails loudly
     collective_timeout: float = 600.0
     sharding_types: Optional[list] = None   # the planner's choices; None: JOB_SHARDING_TYPES
-    # the synthetic log's drift (train/drift.py): from this step on, drift_features get drift_factor
+    # the synthetic log's drift (train/synthetic/drift.py): from this step on, drift_features get drift_factor
     # ids per example; None: no drift (the plain stream that benchmarks and golden values use)
     drift_at: Optional[int] = None
     drift_factor: int = 128
-    drift_features: Optional[list] = None   # None: train/drift.py's DRIFT_FEATURES
+    drift_features: Optional[list] = None   # None: train/synthetic/drift.py's DRIFT_FEATURES
     # the planner's cost figures (Calibration.to_json()); None: measured at start-up on rank 0, so the
     # plan and the live reshard's decision follow the machine's load at that moment
     calibration: Optional[dict] = None

@@ -23,7 +23,7 @@ import torch
 from ..data.criteo import DENSE_NAMES, NUM_DENSE, NUM_SPARSE, SPARSE_NAMES, ClickLogBatch
 from ..data.criteo import parse_line as _parse_line
 from ..sparse import KeyedJaggedTensor
-from .native_clicks import bag_parts, draw_sub_block, seed_words
+from .synthetic.draw import bag_parts, draw_sub_block, seed_words
 
 __all__ = [
     "NUM_DENSE", "NUM_SPARSE", "DENSE_NAMES", "SPARSE_NAMES", "ClickLogBatch", "SyntheticClicks", "CriteoTSV",
@@ -98,7 +98,7 @@ class SyntheticClicks:
         if index in self._cache:
             return self._cache[index]
         # the generator of SeedSequence([seed, 0x5EED, 256, index]) seeded and drawn in one loop
-        # (native_clicks): the numbers a numpy draw per use gave, in the same order, transformed by the
+        # (synthetic/draw.py): the numbers a numpy draw per use gave, in the same order, transformed by the
         # same arithmetic (this runs on every rank at every step)
         flat, offsets = self.flat_effects()
         dense, ids, labels = draw_sub_block(self._seed_prefix, index, _SUB_BLOCK, self.dense_mu, self._log_cards1,
@@ -272,7 +272,7 @@ def to_model_inputs(batch: ClickLogBatch, cardinalities: Sequence[int], device) 
         (torch.Size([4, 13]), 26, torch.Size([4]))
     """
     dense = torch.from_numpy(np.log1p(batch.dense)).to(device)
-    # key-major layout (all bags of C1 for the batch, then C2, ...), one loop (native_clicks)
+    # key-major layout (all bags of C1 for the batch, then C2, ...), one loop (synthetic/draw.py)
     values, lengths, offsets, per_key = bag_parts(batch.ids, cardinalities)
     # every part is consistent by construction (one bag per example and feature, its id or nothing),
     # so the KJT skips the constructor's checks: this runs on every rank at every step

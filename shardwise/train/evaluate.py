@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from .data import NUM_DENSE, NUM_SPARSE, ClickLogBatch, SyntheticClicks, to_model_inputs
-from .drift import DriftingClicks
+from .synthetic.drift import DriftingClicks
 from .model import auc
 
 __all__ = ["EvalResult", "evaluate", "eval_vocabulary", "eval_parts", "held_out_parts", "SYNTHETIC_EVAL_ROWS", "EVAL_BATCH"]

@@ -25,7 +25,7 @@ from .config import JOB_SHARDING_TYPES, TrainConfig
 from .budget import budget_bytes, peak_rss_per_rank
 from .sizes import job_tables
 from .data import PerRank, Rows, SyntheticClicks, open_data, read_ahead, to_model_inputs
-from .drift import DRIFT_FEATURES, DriftingClicks
+from .synthetic.drift import DRIFT_FEATURES, DriftingClicks
 from .dense import make_dense_runner
 from .model import DLRMDense, make_ebc, make_tables
 from .report import Progress, console

@@ -158,31 +158,6 @@ def test_sub_blocks_equal_the_one_draw_per_use_generator(seed, rows, missing):
             assert g.dtype == w.dtype and np.array_equal(g, w)
 
 
-def test_the_inline_generator_is_numpys_pcg64_and_its_fallback_draws_the_same(monkeypatch):
-    from numba.np.random import _constants
-
-    from shardwise.train import native_clicks, native_pcg64
-
-    rs = np.random.default_rng(7)
-    for ints in [(0, 0), (1 << 64, 3), *(tuple(int(v) for v in rs.integers(0, 1 << 62, 3)) for _ in range(50))]:
-        state = native_pcg64.seeded(native_clicks.seed_words(*ints[:-1]), ints[-1])
-        want = np.random.PCG64(np.random.SeedSequence(list(ints))).state["state"]
-        assert (want["state"], want["inc"]) == (int(state[0]) << 64 | int(state[1]), int(state[2]) << 64 | int(state[3]))
-    # the probe refuses tables that are not NumPy's, and the draw then takes NumPy's Generator
-    assert native_clicks._ziggurat_tables() is not None
-    wrong = _constants.wi_double.copy()
-    wrong[1:] *= 1.0 + 2 ** -50
-    monkeypatch.setattr(_constants, "wi_double", wrong)
-    assert native_clicks._ziggurat_tables.__wrapped__() is None
-    monkeypatch.setattr(native_clicks, "_ziggurat_tables", lambda: None)
-    fallback = SyntheticClicks(3, CARDS)
-    for index in (0, 9):
-        got, want = fallback._block(index), _block_reference(fallback, index)
-        assert all(np.array_equal(g, w) for g, w in zip((got.dense, got.ids, got.labels), want))
-    with pytest.raises(ValueError, match="non-negative"):
-        SyntheticClicks(-1, CARDS)
-
-
 @pytest.mark.parametrize("rows, start, count, cards", [
     (100000, 512, 256, None),     # the job's batch: one sub-block of the synthetic log
     (300, 100, 300, None),        # across sub-blocks

@@ -26,7 +26,7 @@ def _ms(v) -> str:
 
 def drift_notice(step: int, cfg, window: dict) -> str:
     """The drift has begun: which features, and the window of load measured before it."""
-    from ..drift import DRIFT_FEATURES
+    from ..synthetic.drift import DRIFT_FEATURES
 
     feats = ", ".join(cfg.drift_features or DRIFT_FEATURES)
     return (f"[bold magenta]drift at step {step}[/] (--drift-at): {feats} now carry {cfg.drift_factor} ids per "

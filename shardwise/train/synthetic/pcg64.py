@@ -8,7 +8,7 @@ The algorithms are NumPy's, step for step (``SeedSequence``'s hash mixing and ``
 ``pcg_setseq_128_srandom_r``, XSL-RR output, ``(next >> 11) * 2**-53`` doubles and the ziggurat of
 ``random_standard_normal`` with NumPy's tables), so the numbers are NumPy's, in NumPy's order:
 ``tests/train/test_data.py`` compares hundreds of sub-blocks with NumPy's own generator, and
-``native_clicks`` probes the tables once per process. Everything is module level so numba's disk
+``draw`` probes the tables once per process. Everything is module level so numba's disk
 cache finds it again (a jitted closure over other jitted functions is recompiled in every process).
 
 Example:

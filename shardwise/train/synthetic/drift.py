@@ -32,8 +32,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..sparse import KeyedJaggedTensor
-from .data import NUM_SPARSE, SPARSE_NAMES, hidden_model_logits
+from ...sparse import KeyedJaggedTensor
+from ..data import NUM_SPARSE, SPARSE_NAMES, hidden_model_logits
 
 __all__ = ["DriftingClicks", "DriftedBatch", "DRIFT_FEATURES", "DRIFT_FACTOR"]
 

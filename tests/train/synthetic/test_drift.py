@@ -9,7 +9,7 @@ import torch
 
 from shardwise.train import TrainConfig
 from shardwise.train.data import SPARSE_NAMES, SyntheticClicks, default_cardinalities, to_model_inputs
-from shardwise.train.drift import DriftingClicks
+from shardwise.train.synthetic.drift import DriftingClicks
 
 CARDS = default_cardinalities(5000)
 

@@ -112,9 +112,9 @@ def _loops(nb) -> dict:
 def _compiled() -> dict:
     import numba
 
-    from . import native_pcg64
+    from . import pcg64
 
-    return {**_loops(numba), "draw": native_pcg64.draw, "arrange": native_pcg64.arrange}
+    return {**_loops(numba), "draw": pcg64.draw, "arrange": pcg64.arrange}
 
 
 @functools.lru_cache(maxsize=1)
