@@ -7,7 +7,6 @@ instead of leaving the others waiting in a collective.
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Optional
 
 import numpy as np
@@ -15,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from ..sparse import KeyedJaggedTensor
+from .sharding.native_ids import range_scan as _range_scan
 from .topology import MeshTopology
 
 __all__ = ["batch_problem", "raise_everywhere"]
@@ -59,29 +59,6 @@ def _first_out_of_range(values: torch.Tensor, per_key: list, limits: list) -> in
     limit = torch.repeat_interleave(limit, torch.tensor(per_key, device=limit.device), output_size=values.numel())
     bad = (values < 0) | (values >= limit)
     return int(torch.nonzero(bad)[0]) if bool(bad.any()) else -1
-
-
-@functools.lru_cache(maxsize=1)
-def _range_scan() -> Optional[Callable]:
-    """The numba loop of :func:`_first_out_of_range` (compiled at its first call, cached on disk by
-    numba), or None without numba."""
-    try:
-        import numba
-    except ImportError:
-        return None
-
-    @numba.njit(cache=True, nogil=True)
-    def scan(values, per_key, limits):
-        at = 0
-        for k in range(per_key.shape[0]):
-            limit = limits[k]
-            for i in range(at, at + per_key[k]):
-                if values[i] < 0 or values[i] >= limit:
-                    return i
-            at += per_key[k]
-        return -1
-
-    return scan
 
 
 def raise_everywhere(problem: Optional[str], bad_ranks: list, topo: MeshTopology) -> None:

@@ -175,6 +175,7 @@ def native_occurrence_sgd() -> Optional[Callable]:
     return run
 
 
+@functools.lru_cache(maxsize=1)
 def native_group_by_row() -> Optional[Callable]:
     """``group(ids, offsets)``: ``group_by_row``'s (unique ids ascending, segment offsets, the bag of each
     occurrence in that order) plus the order itself, from one numba loop (a stable radix sort: the

@@ -7,15 +7,15 @@ output dist: return pooled blocks to the ranks that own the samples and add them
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
 from ...sparse import KeyedJaggedTensor
 from .bucketing import RowBucketing
 from .comm import AllToAll, ReduceScatter
+from .native_ids import shifted_copy as _shifted_copy
 from .routing import Routing
 from .store import FusedLookup, ShardStore
 from ..topology import MeshTopology
@@ -201,28 +201,6 @@ class InputDist:
             per_width.append((sel_ids, off, sel_w))
             bags.append([(hi - lo) * b for b in sizes])
         return Routed(per_width, bags)
-
-
-@functools.lru_cache(maxsize=1)
-def _shifted_copy() -> Optional[Callable]:
-    """``copy(values, starts, lens, shifts, out)``: slot j's ``lens[j]`` ids from ``starts[j]``, plus
-    ``shifts[j]``, one slot after the other into ``out`` (numba, cached on disk), or None without
-    numba."""
-    try:
-        import numba
-    except ImportError:
-        return None
-
-    @numba.njit(cache=True, nogil=True)
-    def copy(values, starts, lens, shifts, out):
-        at = 0
-        for j in range(starts.shape[0]):
-            s, n, shift = starts[j], lens[j], shifts[j]
-            for i in range(n):
-                out[at + i] = values[s + i] + shift
-            at += n
-
-    return copy
 
 
 class GroupedLookup:
